@@ -1,0 +1,79 @@
+/**
+ * Prefixed, time-ordered identifiers: `<prefix>_<26 characters>`, the characters being a
+ * 48-bit millisecond timestamp and 80 random bits in lowercase Crockford base32 (ULID layout).
+ * Ids made later sort after ids made earlier, as strings; within one millisecond in one process
+ * the random part is incremented, so order holds there too.
+ */
+import { randomBytes } from "node:crypto"
+
+const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+
+/** The prefixes in use; each matches the id pattern of the same kind in `schema/Ids.ts`. */
+export type IdPrefix =
+  | "acc"
+  | "usr"
+  | "key"
+  | "fnc"
+  | "run"
+  | "cmd"
+  | "file"
+  | "prv"
+  | "sec"
+  | "evt"
+  | "img"
+  | "login"
+  | "led"
+  | "wrk"
+  | "host"
+
+let lastTime = -1
+let lastRandom: Uint8Array = new Uint8Array(10)
+
+const increment = (bytes: Uint8Array): Uint8Array => {
+  const next = Uint8Array.from(bytes)
+  for (let i = next.length - 1; i >= 0; i--) {
+    if (next[i]! < 255) {
+      next[i]! += 1
+      return next
+    }
+    next[i] = 0
+  }
+  return next
+}
+
+const encode = (time: number, random: Uint8Array): string => {
+  let out = ""
+  let t = time
+  for (let i = 0; i < 10; i++) {
+    out = alphabet[t % 32] + out
+    t = Math.floor(t / 32)
+  }
+  // 80 random bits = 16 characters of 5 bits.
+  let bits = 0n
+  for (const b of random) bits = (bits << 8n) | BigInt(b)
+  let tail = ""
+  for (let i = 0; i < 16; i++) {
+    tail = alphabet[Number(bits & 31n)] + tail
+    bits >>= 5n
+  }
+  return out + tail
+}
+
+/** A new id with the given prefix, taking its time from `now` (milliseconds since the epoch). */
+export const makeId = <P extends IdPrefix>(prefix: P, now: number = Date.now()): `${P}_${string}` => {
+  if (now <= lastTime) {
+    lastRandom = increment(lastRandom)
+  } else {
+    lastTime = now
+    lastRandom = randomBytes(10)
+  }
+  return `${prefix}_${encode(Math.max(now, lastTime), lastRandom)}`
+}
+
+/** The millisecond timestamp an id was made at. */
+export const idTime = (id: string): number => {
+  const body = id.slice(id.indexOf("_") + 1, id.indexOf("_") + 11)
+  let t = 0
+  for (const c of body) t = t * 32 + alphabet.indexOf(c)
+  return t
+}

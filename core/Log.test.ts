@@ -1,0 +1,51 @@
+import { Effect, Redacted } from "effect"
+import { describe, expect, it } from "vitest"
+import { layerCollect } from "./Log.ts"
+
+const canary = "sk-canary-5f1d2c"
+
+describe("JSON logger", () => {
+  it("writes one JSON object per line with level, message and annotations", () => {
+    const lines: Array<string> = []
+    Effect.runSync(
+      Effect.logInfo("run placed").pipe(
+        Effect.annotateLogs({ run: "run_x", host: "h1" }),
+        Effect.provide(layerCollect(lines)),
+      ),
+    )
+    expect(lines).toHaveLength(1)
+    const entry = JSON.parse(lines[0]!)
+    expect(entry).toMatchObject({ level: "info", msg: "run placed", run: "run_x", host: "h1" })
+    expect(Number.isNaN(Date.parse(entry.at))).toBe(false)
+  })
+
+  it("never prints a Redacted value, in messages, nested objects or annotations", () => {
+    const lines: Array<string> = []
+    const secret = Redacted.make(canary)
+    Effect.runSync(
+      Effect.gen(function* () {
+        yield* Effect.logInfo("key", secret)
+        yield* Effect.logWarning({ provider: { key: secret, list: [secret] } })
+        yield* Effect.logError("settings").pipe(Effect.annotateLogs({ key: secret }))
+        yield* Effect.logError("failure", new Error(`bad ${String(secret)}`))
+      }).pipe(Effect.provide(layerCollect(lines))),
+    )
+    expect(lines).toHaveLength(4)
+    for (const line of lines) {
+      expect(line).not.toContain(canary)
+      expect(() => JSON.parse(line)).not.toThrow()
+    }
+    expect(lines.join("\n")).toContain("<redacted>")
+  })
+
+  it("survives cycles and binary values", () => {
+    const lines: Array<string> = []
+    const cyclic: Record<string, unknown> = { name: "a" }
+    cyclic.self = cyclic
+    Effect.runSync(
+      Effect.logInfo(cyclic, new Uint8Array(12), 10n).pipe(Effect.provide(layerCollect(lines))),
+    )
+    const entry = JSON.parse(lines[0]!)
+    expect(entry.msg).toEqual([{ name: "a", self: "[cycle]" }, "<12 bytes>", "10"])
+  })
+})

@@ -1,0 +1,16 @@
+import { defineConfig } from "vitest/config"
+
+// Test files run in forked processes (each gets its own nats-server from test/harness/).
+// Heavy cases (large streams, real machines under emulation) live in files named *.heavy.test.ts;
+// they are part of `npm test` and run in the same single pass.
+export default defineConfig({
+  test: {
+    include: ["**/*.test.ts"],
+    exclude: ["node_modules/**", ".tools/**", ".data/**"],
+    pool: "forks",
+    poolOptions: { forks: { maxForks: 2, minForks: 1 } },
+    testTimeout: 60_000,
+    hookTimeout: 60_000,
+    reporters: ["default"],
+  },
+})
