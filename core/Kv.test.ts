@@ -1,0 +1,142 @@
+import { describe, expect, it, layer } from "@effect/vitest"
+import { Chunk, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
+import { layerAll } from "../test/harness/NatsServer.ts"
+import { uniqueName } from "../test/harness/names.ts"
+import * as Kv from "./Kv.ts"
+import { Storage } from "./Storage.ts"
+
+const Counter = Schema.Struct({ n: Schema.Number, by: Schema.String })
+
+const actors = Effect.flatMap(Storage, (s) => Kv.make(s.names.kv.actors.name, Counter))
+
+layer(layerAll())("Kv", (it) => {
+  it.effect("create stores a value; a second create of the same key is a StateConflict", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const key = uniqueName("k")
+      const rev = yield* kv.create(key, { n: 1, by: "a" })
+      expect(yield* kv.get(key)).toEqual(Option.some({ value: { n: 1, by: "a" }, revision: rev }))
+      const conflict = yield* kv.create(key, { n: 2, by: "b" }).pipe(Effect.flip)
+      expect(conflict).toBeInstanceOf(Kv.StateConflict)
+      expect(conflict).toMatchObject({ _tag: "StateConflict", bucket: kv.bucket, key, expectedRevision: 0 })
+      expect(Option.getOrThrow(yield* kv.get(key)).value).toEqual({ n: 1, by: "a" })
+    }),
+  )
+
+  it.effect("concurrent updates with the same revision: exactly one wins, the others conflict", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const key = uniqueName("k")
+      const rev = yield* kv.create(key, { n: 0, by: "init" })
+      const writers = Array.from({ length: 8 }, (_, i) => `w${i}`)
+      const results = yield* Effect.forEach(
+        writers,
+        (by) => Effect.either(kv.update(key, { n: 1, by }, rev)),
+        { concurrency: "unbounded" },
+      )
+      const wins = results.filter(Either.isRight)
+      const losses = results.filter(Either.isLeft)
+      expect(wins).toHaveLength(1)
+      expect(losses).toHaveLength(7)
+      for (const l of losses)
+        expect(l.left).toMatchObject({ _tag: "StateConflict", key, expectedRevision: rev })
+      const stored = Option.getOrThrow(yield* kv.get(key))
+      expect(stored.revision).toBe(wins[0]!.right)
+      expect(writers).toContain(stored.value.by)
+    }),
+  )
+
+  it.effect("update with a stale revision conflicts; with revision 0 it behaves as create", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const key = uniqueName("k")
+      const r1 = yield* kv.update(key, { n: 1, by: "a" }, 0)
+      const r2 = yield* kv.update(key, { n: 2, by: "a" }, r1)
+      expect(r2).toBeGreaterThan(r1)
+      expect((yield* kv.update(key, { n: 3, by: "a" }, r1).pipe(Effect.flip))._tag).toBe("StateConflict")
+      expect((yield* kv.update(key, { n: 3, by: "a" }, 0).pipe(Effect.flip))._tag).toBe("StateConflict")
+    }),
+  )
+
+  it.effect("delete makes a key absent, is idempotent, and a deleted key can be created again", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const key = uniqueName("k")
+      const rev = yield* kv.create(key, { n: 1, by: "a" })
+      expect((yield* kv.delete(key, { revision: rev + 1000 }).pipe(Effect.flip))._tag).toBe("StateConflict")
+      yield* kv.delete(key, { revision: rev })
+      expect(yield* kv.get(key)).toEqual(Option.none())
+      yield* kv.delete(key)
+      yield* kv.create(key, { n: 2, by: "b" })
+      expect(Option.getOrThrow(yield* kv.get(key)).value.n).toBe(2)
+    }),
+  )
+
+  it.effect("keys lists current keys under a filter", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const p = uniqueName("p")
+      yield* kv.put(`${p}.a`, { n: 1, by: "a" })
+      yield* kv.put(`${p}.b`, { n: 1, by: "a" })
+      yield* kv.put(`${p}.c`, { n: 1, by: "a" })
+      yield* kv.delete(`${p}.c`)
+      expect([...(yield* kv.keys(`${p}.*`))].sort()).toEqual([`${p}.a`, `${p}.b`])
+    }),
+  )
+
+  it.effect("a stored value the schema rejects is a KvValueInvalid, not a crash", () =>
+    Effect.gen(function* () {
+      const storage = yield* Storage
+      const raw = yield* Kv.make(storage.names.kv.actors.name, Schema.Unknown)
+      const kv = yield* actors
+      const key = uniqueName("k")
+      yield* raw.put(key, { n: "not a number" })
+      const error = yield* kv.get(key).pipe(Effect.flip)
+      expect(error).toMatchObject({ _tag: "KvValueInvalid", key, direction: "decode" })
+      expect(error.message).toContain("n")
+    }),
+  )
+
+  it.scoped("watch delivers every change after subscription, in revision order", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const p = uniqueName("w")
+      const changes = yield* kv.watchScoped(`${p}.>`, { include: "updates" })
+      const collected = yield* changes.pipe(Stream.take(6), Stream.runCollect, Effect.fork)
+      const r1 = yield* kv.create(`${p}.a`, { n: 1, by: "a" })
+      const r2 = yield* kv.update(`${p}.a`, { n: 2, by: "a" }, r1)
+      yield* kv.put(`${p}.b`, { n: 1, by: "b" })
+      yield* kv.update(`${p}.a`, { n: 3, by: "a" }, r2)
+      yield* kv.delete(`${p}.b`)
+      yield* kv.put(`${p}.a`, { n: 4, by: "a" })
+      const seen = Chunk.toReadonlyArray(yield* Fiber.join(collected))
+      expect(
+        seen.map((c) =>
+          c._tag === "Put" ? `${c.key.slice(p.length + 1)}=${c.value.n}` : `-${c.key.slice(p.length + 1)}`,
+        ),
+      ).toEqual(["a=1", "a=2", "b=1", "a=3", "-b", "a=4"])
+      const revisions = seen.map((c) => c.revision)
+      expect([...revisions].sort((x, y) => x - y)).toEqual(revisions)
+    }),
+  )
+
+  it.scoped("watch with the default include starts with the current values", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const p = uniqueName("w")
+      yield* kv.put(`${p}.a`, { n: 1, by: "a" })
+      yield* kv.put(`${p}.a`, { n: 2, by: "a" })
+      const first = yield* kv.watch(`${p}.>`).pipe(Stream.take(1), Stream.runCollect)
+      expect(Chunk.toReadonlyArray(first)).toMatchObject([{ _tag: "Put", key: `${p}.a`, value: { n: 2 } }])
+    }),
+  )
+})
+
+describe("StateConflict", () => {
+  it("round-trips through its schema (it crosses the bus)", () => {
+    const e = new Kv.StateConflict({ bucket: "actors", key: "run.x", expectedRevision: 3 })
+    const encoded = Schema.encodeSync(Kv.StateConflict)(e)
+    expect(encoded).toEqual({ _tag: "StateConflict", bucket: "actors", key: "run.x", expectedRevision: 3 })
+    expect(Schema.decodeUnknownSync(Kv.StateConflict)(encoded)).toBeInstanceOf(Kv.StateConflict)
+  })
+})

@@ -1,0 +1,217 @@
+/**
+ * Typed KV buckets: values are JSON encoded with a Schema, writes can be compare-and-set by
+ * revision, and a watch is an ordered Effect `Stream`.
+ *
+ * The bucket must exist (`core/Storage.ts` creates every bucket at start-up). A conflicting
+ * write fails with `StateConflict`; a stored value the schema rejects fails with `KvValueInvalid`
+ * instead of throwing, so one bad record cannot crash a reader.
+ */
+
+import type { KV, KvWatchInclude } from "@nats-io/kv"
+import { Kvm } from "@nats-io/kv"
+import type { Scope } from "effect"
+import { Data, Effect, Option, Schema, Stream } from "effect"
+import { attempt, Nats, NatsError } from "./Nats.ts"
+
+/**
+ * A compare-and-set write lost: the key already existed (`create`) or its revision was no longer
+ * `expectedRevision` (`update`, `delete`). Crosses the bus (a stale actor owner reports it).
+ * Defined here because `schema/` has no errors file yet.
+ */
+export class StateConflict extends Schema.TaggedError<StateConflict>()("StateConflict", {
+  bucket: Schema.String,
+  key: Schema.String,
+  /** The revision the writer expected; 0 means "absent" (create). */
+  expectedRevision: Schema.Number,
+}) {}
+
+/** A value could not be encoded for, or decoded from, the bucket with its schema. */
+export class KvValueInvalid extends Data.TaggedError("KvValueInvalid")<{
+  readonly bucket: string
+  readonly key: string
+  readonly direction: "encode" | "decode"
+  readonly message: string
+}> {}
+
+/** A current value with the revision to pass to `update`. */
+export interface KvEntry<A> {
+  readonly value: A
+  readonly revision: number
+}
+
+/** One change seen by `watch`: a value written, or the key deleted/purged. */
+export type KvChange<A> =
+  | { readonly _tag: "Put"; readonly key: string; readonly value: A; readonly revision: number }
+  | { readonly _tag: "Deleted"; readonly key: string; readonly revision: number }
+
+/** Where a watch starts. */
+export interface WatchOptions {
+  /** `last` (default): the current value of each matching key first, then changes; `updates`: only changes; `history`: every kept revision, then changes. */
+  readonly include?: "last" | "updates" | "history"
+  /** Start at this revision (inclusive), e.g. one past the last seen by a restarted watcher. */
+  readonly fromRevision?: number
+}
+
+/** A typed view of one bucket. */
+export interface Kv<A> {
+  readonly bucket: string
+  /** The current value, or none when the key is absent or deleted. */
+  readonly get: (key: string) => Effect.Effect<Option.Option<KvEntry<A>>, NatsError | KvValueInvalid>
+  /** Writes a key that must not exist (a deleted key counts as absent); returns the new revision. */
+  readonly create: (
+    key: string,
+    value: A,
+  ) => Effect.Effect<number, StateConflict | NatsError | KvValueInvalid>
+  /** Writes only if the key's revision is still `revision` (0 = absent, as `create`); returns the new revision. */
+  readonly update: (
+    key: string,
+    value: A,
+    revision: number,
+  ) => Effect.Effect<number, StateConflict | NatsError | KvValueInvalid>
+  /** Writes unconditionally (last writer wins); returns the new revision. */
+  readonly put: (key: string, value: A) => Effect.Effect<number, NatsError | KvValueInvalid>
+  /** Deletes the key (idempotent); with `revision`, only if it is still at that revision. */
+  readonly delete: (
+    key: string,
+    options?: { readonly revision?: number },
+  ) => Effect.Effect<void, StateConflict | NatsError>
+  /** Keys with a current value matching a subject-style filter (`>` = all, `run_x.*`). */
+  readonly keys: (filter?: string) => Effect.Effect<ReadonlyArray<string>, NatsError>
+  /**
+   * Changes of keys matching `filter`, in revision order, for as long as the stream is consumed.
+   * The stream fails with `KvValueInvalid` at a value the schema rejects.
+   */
+  readonly watch: (
+    filter?: string,
+    options?: WatchOptions,
+  ) => Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>
+  /**
+   * As `watch`, but subscribed when the effect completes: every write after that point is in the
+   * stream (subscribe, then read, then wait — no lost wake-up). Unsubscribes when the scope closes.
+   */
+  readonly watchScoped: (
+    filter?: string,
+    options?: WatchOptions,
+  ) => Effect.Effect<Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>, NatsError, Scope.Scope>
+}
+
+const CONFLICT_CODES = new Set([10071, 10164])
+
+const isConflict = (error: NatsError): boolean => {
+  const cause = error.cause as { code?: unknown; message?: unknown } | undefined
+  return (
+    (typeof cause?.code === "number" && CONFLICT_CODES.has(cause.code)) ||
+    /wrong last sequence/i.test(error.message)
+  )
+}
+
+const includeOf: Record<NonNullable<WatchOptions["include"]>, KvWatchInclude> = {
+  last: "",
+  updates: "updates",
+  history: "history",
+}
+
+/** Opens the typed view of an existing bucket. */
+export const make = <A, I>(
+  bucket: string,
+  schema: Schema.Schema<A, I>,
+): Effect.Effect<Kv<A>, NatsError, Nats> =>
+  Effect.gen(function* () {
+    const { js } = yield* Nats
+    const kv: KV = yield* attempt(`kv.open ${bucket}`, () => new Kvm(js).open(bucket))
+    const json = Schema.parseJson(schema)
+    const encodeJson = Schema.encode(json)
+    const decodeJson = Schema.decode(json)
+    const textEncoder = new TextEncoder()
+    const textDecoder = new TextDecoder()
+
+    const encode = (key: string, value: A) =>
+      encodeJson(value).pipe(
+        Effect.map((text) => textEncoder.encode(text)),
+        Effect.mapError((e) => new KvValueInvalid({ bucket, key, direction: "encode", message: e.message })),
+      )
+    const decode = (key: string, bytes: Uint8Array) =>
+      decodeJson(textDecoder.decode(bytes)).pipe(
+        Effect.mapError((e) => new KvValueInvalid({ bucket, key, direction: "decode", message: e.message })),
+      )
+    const conflictOr =
+      (key: string, expectedRevision: number) =>
+      (error: NatsError): Effect.Effect<never, StateConflict | NatsError> =>
+        isConflict(error)
+          ? Effect.fail(new StateConflict({ bucket, key, expectedRevision }))
+          : Effect.fail(error)
+
+    const get: Kv<A>["get"] = (key) =>
+      Effect.gen(function* () {
+        const entry = yield* attempt(`kv.get ${bucket}`, () => kv.get(key))
+        if (entry === null || entry.operation !== "PUT") return Option.none()
+        const value = yield* decode(key, entry.value)
+        return Option.some({ value, revision: entry.revision })
+      })
+
+    const create: Kv<A>["create"] = (key, value) =>
+      Effect.flatMap(encode(key, value), (bytes) =>
+        attempt(`kv.create ${bucket}`, () => kv.create(key, bytes)).pipe(Effect.catchAll(conflictOr(key, 0))),
+      )
+
+    const update: Kv<A>["update"] = (key, value, revision) =>
+      revision === 0
+        ? create(key, value)
+        : Effect.flatMap(encode(key, value), (bytes) =>
+            attempt(`kv.update ${bucket}`, () => kv.update(key, bytes, revision)).pipe(
+              Effect.catchAll(conflictOr(key, revision)),
+            ),
+          )
+
+    const put: Kv<A>["put"] = (key, value) =>
+      Effect.flatMap(encode(key, value), (bytes) => attempt(`kv.put ${bucket}`, () => kv.put(key, bytes)))
+
+    const del: Kv<A>["delete"] = (key, options) =>
+      attempt(`kv.delete ${bucket}`, () =>
+        kv.delete(key, options?.revision === undefined ? undefined : { previousSeq: options.revision }),
+      ).pipe(Effect.catchAll(conflictOr(key, options?.revision ?? 0)))
+
+    const keys: Kv<A>["keys"] = (filter = ">") =>
+      attempt(`kv.keys ${bucket}`, async () => {
+        const out: Array<string> = []
+        for await (const k of await kv.keys(filter)) out.push(k)
+        return out
+      })
+
+    const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
+      Effect.map(
+        Effect.acquireRelease(
+          attempt(`kv.watch ${bucket}`, () =>
+            kv.watch({
+              key: filter,
+              include: includeOf[options.include ?? "last"],
+              ...(options.fromRevision === undefined ? {} : { resumeFromRevision: options.fromRevision }),
+            }),
+          ),
+          (iterator) => Effect.sync(() => iterator.stop()),
+        ),
+        (iterator) =>
+          Stream.fromAsyncIterable(
+            iterator,
+            (cause) =>
+              new NatsError({
+                operation: `kv.watch ${bucket}`,
+                message: cause instanceof Error ? cause.message : String(cause),
+                cause,
+              }),
+          ).pipe(
+            Stream.mapEffect((e) =>
+              e.operation === "PUT"
+                ? Effect.map(
+                    decode(e.key, e.value),
+                    (value): KvChange<A> => ({ _tag: "Put", key: e.key, value, revision: e.revision }),
+                  )
+                : Effect.succeed<KvChange<A>>({ _tag: "Deleted", key: e.key, revision: e.revision }),
+            ),
+          ),
+      )
+
+    const watch: Kv<A>["watch"] = (filter, options) => Stream.unwrapScoped(watchScoped(filter, options))
+
+    return { bucket, get, create, update, put, delete: del, keys, watch, watchScoped } satisfies Kv<A>
+  })

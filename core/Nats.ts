@@ -1,0 +1,113 @@
+/**
+ * The NATS connection of a process, as a scoped service: connected when the layer is built,
+ * drained (pending messages flushed, subscriptions finished) when its scope closes.
+ *
+ * Only the `core/` wrappers (`Kv`, `ObjectStore`, `Stream`, `Storage`) use the raw clients this
+ * service exposes; everything else talks to those wrappers.
+ */
+import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream"
+import { jetstream, jetstreamManager } from "@nats-io/jetstream"
+import type { NatsConnection } from "@nats-io/transport-node"
+import { connect, credsAuthenticator, tokenAuthenticator } from "@nats-io/transport-node"
+import { Clock, Config, Context, Data, Duration, Effect, Layer, Option, Redacted } from "effect"
+import { defineSettings, env } from "./Config.ts"
+
+/** Connection settings (`HANGAR_NATS_URL`, `HANGAR_NATS_NAME`, `HANGAR_NATS_CREDENTIALS`, `HANGAR_NATS_TOKEN`). */
+export interface NatsSettingsShape {
+  /** Server URLs, comma-separated for a cluster. */
+  readonly servers: string
+  /** Connection name shown by the server (monitoring, logs). */
+  readonly name: string
+  /** Contents of a `.creds` file (user JWT and nkey seed), when the server requires it. */
+  readonly credentials: Redacted.Redacted<string> | undefined
+  /** A plain auth token, when the server requires one. */
+  readonly token: Redacted.Redacted<string> | undefined
+}
+
+const optionalRedacted = (name: string) =>
+  Config.redacted(`HANGAR_${name}`).pipe(Config.option, Config.map(Option.getOrUndefined))
+
+/** Settings of the NATS connection. */
+export const NatsSettings = defineSettings(
+  "hangar/NatsSettings",
+  {
+    servers: "nats://127.0.0.1:4222",
+    name: "hangar",
+    credentials: undefined,
+    token: undefined,
+  } as NatsSettingsShape,
+  (d) => ({
+    servers: env.string("NATS_URL", d.servers),
+    name: env.string("NATS_NAME", d.name),
+    credentials: optionalRedacted("NATS_CREDENTIALS"),
+    token: optionalRedacted("NATS_TOKEN"),
+  }),
+)
+
+/** A NATS operation failed (server unreachable, timeout, API error); `operation` names what was tried. */
+export class NatsError extends Data.TaggedError("NatsError")<{
+  readonly operation: string
+  readonly message: string
+  readonly cause?: unknown
+}> {}
+
+/** Runs one client promise, mapping a rejection to `NatsError`. For the `core/` wrappers. */
+export const attempt = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError> =>
+  Effect.tryPromise({
+    try: f,
+    catch: (cause) =>
+      new NatsError({ operation, message: cause instanceof Error ? cause.message : String(cause), cause }),
+  })
+
+/** The raw clients; only `core/` wrappers use them. */
+export interface NatsClients {
+  readonly connection: NatsConnection
+  readonly js: JetStreamClient
+  readonly jsm: JetStreamManager
+}
+
+/** The process's NATS connection. */
+export class Nats extends Context.Tag("hangar/Nats")<Nats, NatsClients>() {}
+
+// Draining waits on a real server, so its timeout runs on the real clock even under TestClock.
+const liveClock = Clock.make()
+
+/** Connects (retrying reconnects forever once connected) and drains on scope close. */
+export const make = Effect.gen(function* () {
+  const settings = yield* NatsSettings.Tag
+  const authenticator = [
+    settings.credentials &&
+      credsAuthenticator(new TextEncoder().encode(Redacted.value(settings.credentials))),
+    settings.token && tokenAuthenticator(Redacted.value(settings.token)),
+  ].filter((a) => a !== undefined)
+  const connection = yield* Effect.acquireRelease(
+    attempt("connect", () =>
+      connect({
+        servers: settings.servers.split(",").map((s) => s.trim()),
+        name: settings.name,
+        maxReconnectAttempts: -1,
+        ...(authenticator.length > 0 ? { authenticator } : {}),
+      }),
+    ),
+    (nc) =>
+      attempt("drain", () => nc.drain()).pipe(
+        Effect.timeout(Duration.seconds(10)),
+        Effect.withClock(liveClock),
+        Effect.catchAll(() => attempt("close", () => nc.close())),
+        Effect.ignore,
+      ),
+  )
+  const js = jetstream(connection)
+  const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection))
+  return { connection, js, jsm } satisfies NatsClients
+})
+
+/** The connection as a layer, configured by `NatsSettings`. */
+export const layer: Layer.Layer<Nats, NatsError, typeof NatsSettings.Tag.Identifier> = Layer.scoped(
+  Nats,
+  make,
+)
+
+/** The connection to `servers` (tests, embedded mode), other settings at their defaults. */
+export const layerUrl = (servers: string, name = "hangar"): Layer.Layer<Nats, NatsError> =>
+  layer.pipe(Layer.provide(NatsSettings.layer({ servers, name })))

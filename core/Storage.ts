@@ -1,0 +1,133 @@
+/**
+ * Creates every KV bucket, stream and object store of the storage map (`schema/Subjects.ts`) with
+ * its retention, and provides their names to the rest of the process.
+ *
+ * `ensure` is idempotent and safe to run concurrently from several processes on every start: a
+ * stream that does not exist is added; adding one that exists with the same config is a no-op on
+ * the server; one that exists with another config (say a changed retention) is updated to ours.
+ * The KV and object store streams are configured here as `@nats-io/kv` and `@nats-io/obj` would
+ * configure them, so those clients bind to them unchanged.
+ */
+import type { StreamConfig } from "@nats-io/jetstream"
+import { DiscardPolicy, RetentionPolicy, StorageType } from "@nats-io/jetstream"
+import { Context, Effect, Layer } from "effect"
+import {
+  type KvSpec,
+  kvBuckets,
+  type ObjectStoreSpec,
+  objectStores,
+  type StorageNames,
+  type StreamSpec,
+  storageNames,
+  streams,
+} from "../schema/Subjects.ts"
+import { defineSettings, env } from "./Config.ts"
+import { attempt, Nats, type NatsError } from "./Nats.ts"
+
+/** Storage settings: a name prefix (tests; "" in production) and the replica count (3 in a cluster). */
+export const StorageSettings = defineSettings(
+  "hangar/StorageSettings",
+  { prefix: "", replicas: 1 } as { readonly prefix: string; readonly replicas: number },
+  (d) => ({
+    prefix: env.string("STORAGE_PREFIX", d.prefix),
+    replicas: env.integer("NATS_REPLICAS", d.replicas),
+  }),
+)
+
+/** The storage of this process, created and ready. */
+export class Storage extends Context.Tag("hangar/Storage")<Storage, { readonly names: StorageNames }>() {}
+
+const nanos = (ms: number) => ms * 1_000_000
+
+type Config = Partial<StreamConfig> & { name: string }
+
+/** The stream behind a KV bucket, as `@nats-io/kv` creates it. */
+export const kvStreamConfig = (spec: KvSpec, replicas = 1): Config => ({
+  name: `KV_${spec.name}`,
+  subjects: [`$KV.${spec.name}.>`],
+  retention: RetentionPolicy.Limits,
+  max_msgs_per_subject: spec.history,
+  max_age: nanos(spec.maxAgeMs),
+  max_bytes: -1,
+  max_msg_size: -1,
+  storage: StorageType.File,
+  discard: DiscardPolicy.New,
+  allow_rollup_hdrs: true,
+  allow_direct: true,
+  deny_delete: true,
+  num_replicas: replicas,
+})
+
+/** The stream behind an object store, as `@nats-io/obj` creates it. */
+export const objectStreamConfig = (spec: ObjectStoreSpec, replicas = 1): Config => ({
+  name: `OBJ_${spec.name}`,
+  subjects: [`$O.${spec.name}.C.>`, `$O.${spec.name}.M.>`],
+  retention: RetentionPolicy.Limits,
+  max_age: nanos(spec.maxAgeMs),
+  storage: StorageType.File,
+  discard: DiscardPolicy.New,
+  allow_rollup_hdrs: true,
+  allow_direct: true,
+  num_replicas: replicas,
+})
+
+/** A stream of the storage map. */
+export const streamConfig = (spec: StreamSpec, replicas = 1): Config => ({
+  name: spec.name,
+  subjects: [...spec.subjects],
+  retention: spec.retention === "workqueue" ? RetentionPolicy.Workqueue : RetentionPolicy.Limits,
+  max_age: nanos(spec.maxAgeMs),
+  duplicate_window: nanos(spec.duplicateWindowMs),
+  storage: StorageType.File,
+  discard: DiscardPolicy.Old,
+  num_replicas: replicas,
+  ...(spec.allowSchedules ? { allow_msg_schedules: true } : {}),
+  ...(spec.allowMsgTtl ? { allow_msg_ttl: true } : {}),
+  ...(spec.appendOnly ? { deny_delete: true, deny_purge: true } : {}),
+})
+
+// 10058: "stream name already in use with a different configuration".
+const isDifferentConfig = (e: NatsError) => (e.cause as { code?: unknown } | undefined)?.code === 10058
+
+const ensureStream = (config: Config) =>
+  Effect.gen(function* () {
+    const { jsm } = yield* Nats
+    yield* attempt(`stream.add ${config.name}`, () => jsm.streams.add(config)).pipe(
+      Effect.catchIf(isDifferentConfig, () =>
+        attempt(`stream.update ${config.name}`, () => jsm.streams.update(config.name, config)),
+      ),
+    )
+  })
+
+/** Every stream config of the storage map (KV, object store and plain streams). */
+export const allStreamConfigs = (names: StorageNames, replicas = 1): ReadonlyArray<Config> => [
+  ...kvBuckets.map((b) => kvStreamConfig(names.kv[b], replicas)),
+  ...objectStores.map((o) => objectStreamConfig(names.objects[o], replicas)),
+  ...streams.map((s) => streamConfig(names.streams[s], replicas)),
+]
+
+/** Creates or updates every bucket, stream and object store of `names`; idempotent. */
+export const ensure = (names: StorageNames, options: { readonly replicas?: number } = {}) =>
+  Effect.forEach(allStreamConfigs(names, options.replicas ?? 1), ensureStream, {
+    concurrency: 4,
+    discard: true,
+  }).pipe(Effect.withSpan("Storage.ensure"))
+
+/** Ensures the storage named by `StorageSettings` and provides its names. */
+export const layer: Layer.Layer<
+  Storage,
+  NatsError,
+  Nats | Context.Tag.Identifier<typeof StorageSettings.Tag>
+> = Layer.effect(
+  Storage,
+  Effect.gen(function* () {
+    const settings = yield* StorageSettings.Tag
+    const names = storageNames(settings.prefix)
+    yield* ensure(names, { replicas: settings.replicas })
+    return { names }
+  }),
+)
+
+/** The storage under `prefix` (tests: a unique prefix per test). */
+export const layerPrefix = (prefix: string): Layer.Layer<Storage, NatsError, Nats> =>
+  layer.pipe(Layer.provide(StorageSettings.layer({ prefix })))

@@ -1,0 +1,86 @@
+import { mkdtemp, readdir, rm } from "node:fs/promises"
+import { connect } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Scope } from "effect"
+import * as NatsProcess from "./NatsProcess.ts"
+
+const tempDir = Effect.acquireRelease(
+  Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-natsprocess-test-"))),
+  (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
+)
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+describe("NatsProcess", () => {
+  it.effect("starts on a free port, answers INFO, and is gone after release", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const storeDir = yield* tempDir.pipe(Scope.extend(scope))
+      const server = yield* NatsProcess.start({ storeDir, port: -1 }).pipe(Scope.extend(scope))
+      expect(server.port).toBeGreaterThan(0)
+      expect(server.url).toBe(`nats://127.0.0.1:${server.port}`)
+      expect(alive(server.pid)).toBe(true)
+      // The first line a NATS server sends is INFO with its JetStream flag.
+      const info = yield* Effect.promise(
+        () =>
+          new Promise<string>((resolve, reject) => {
+            const s = connect({ host: "127.0.0.1", port: server.port })
+            s.once("data", (d) => {
+              s.destroy()
+              resolve(d.toString())
+            })
+            s.once("error", reject)
+          }),
+      )
+      expect(info.startsWith("INFO ")).toBe(true)
+      expect(JSON.parse(info.slice(5)).jetstream).toBe(true)
+      yield* Scope.close(scope, Exit.void)
+      expect(alive(server.pid)).toBe(false)
+    }),
+  )
+
+  it.scoped("fails with the server's own message when the port is taken", () =>
+    Effect.gen(function* () {
+      const first = yield* NatsProcess.start({ storeDir: yield* tempDir, syncAlways: false })
+      const error = yield* NatsProcess.start({ storeDir: yield* tempDir, port: first.port }).pipe(Effect.flip)
+      expect(error._tag).toBe("NatsProcessError")
+      expect(error.message).toContain("exited while starting")
+      expect(error.stderr).toContain("address already in use")
+    }),
+  )
+
+  it.scoped("fails with advice when the binary does not exist", () =>
+    Effect.gen(function* () {
+      const error = yield* NatsProcess.start({
+        storeDir: yield* tempDir,
+        binary: "/nonexistent/nats-server",
+      }).pipe(Effect.flip)
+      expect(error.message).toContain("cannot spawn /nonexistent/nats-server")
+    }),
+  )
+
+  it("renders sync_interval always by default and omits it when turned off", () => {
+    const base = { storeDir: "/s", host: "127.0.0.1", port: -1, portsFileDir: "/p" }
+    expect(NatsProcess.renderConfig({ ...base, syncAlways: true })).toContain("sync_interval: always")
+    expect(NatsProcess.renderConfig({ ...base, syncAlways: false })).not.toContain("sync_interval")
+    expect(NatsProcess.renderConfig({ ...base, syncAlways: true })).toContain('store_dir: "/s"')
+  })
+
+  it.scoped("writes the store under the given directory", () =>
+    Effect.gen(function* () {
+      const storeDir = yield* tempDir
+      yield* NatsProcess.start({ storeDir, syncAlways: false })
+      const entries = yield* Effect.promise(() => readdir(storeDir))
+      expect(entries).toContain("jetstream")
+    }),
+  )
+})

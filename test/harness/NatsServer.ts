@@ -1,0 +1,78 @@
+/**
+ * A real nats-server per test file: port -1, a temporary store directory removed on release.
+ *
+ * Two forms: `layer` / `scoped` for `@effect/vitest` (`layer(NatsServer.layer)(...)`), and
+ * `startNatsServer()` for plain `beforeAll/afterAll`. Tests sharing one server keep apart by
+ * creating their storage under a unique prefix (`test/harness/names.ts`).
+ */
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import * as Nats from "../../core/Nats.ts"
+import * as Storage from "../../core/Storage.ts"
+import * as NatsProcess from "../../deploy/NatsProcess.ts"
+import { uniquePrefix } from "./names.ts"
+
+/** The running test server. */
+export class NatsServer extends Context.Tag("test/NatsServer")<NatsServer, NatsProcess.NatsProcess>() {}
+
+/** Options for a test server; `syncAlways` defaults to false (tests do not need power-cut safety). */
+export type TestServerOptions = Omit<NatsProcess.NatsProcessOptions, "storeDir" | "port">
+
+/** Starts a server on a free port with a temp store dir; both go away when the scope closes. */
+export const scoped = (
+  options: TestServerOptions = {},
+): Effect.Effect<NatsProcess.NatsProcess, NatsProcess.NatsProcessError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const storeDir = yield* Effect.acquireRelease(
+      Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-nats-test-"))),
+      (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
+    )
+    return yield* NatsProcess.start({ syncAlways: false, ...options, storeDir, port: -1 })
+  })
+
+/** The server as a layer (dies if it cannot start: a test file without its server cannot run). */
+export const layer: Layer.Layer<NatsServer> = Layer.scoped(NatsServer, scoped()).pipe(Layer.orDie)
+
+/** A layer with options, e.g. `layerWith({ syncAlways: true })`. */
+export const layerWith = (options: TestServerOptions): Layer.Layer<NatsServer> =>
+  Layer.scoped(NatsServer, scoped(options)).pipe(Layer.orDie)
+
+/** A started server for plain vitest hooks; `stop()` is idempotent. */
+export interface StartedNatsServer extends NatsProcess.NatsProcess {
+  readonly stop: () => Promise<void>
+}
+
+/** Starts a server for `beforeAll`; call `stop()` in `afterAll`. */
+export const startNatsServer = async (options: TestServerOptions = {}): Promise<StartedNatsServer> => {
+  const scope = Effect.runSync(Scope.make())
+  const exit = await Effect.runPromiseExit(Scope.extend(scoped(options), scope))
+  if (Exit.isFailure(exit)) {
+    await Effect.runPromise(Scope.close(scope, exit))
+    return Effect.runPromise(Effect.failCause(exit.cause))
+  }
+  let stopped: Promise<void> | undefined
+  const stop = () => {
+    stopped ??= Effect.runPromise(Scope.close(scope, Exit.void))
+    return stopped
+  }
+  return { ...exit.value, stop }
+}
+
+/** A connection to the file's server. */
+export const layerNats: Layer.Layer<Nats.Nats, never, NatsServer> = Layer.unwrapEffect(
+  Effect.map(NatsServer, (server) => Nats.layerUrl(server.url, "hangar-test")),
+).pipe(Layer.orDie)
+
+/** A server for the file plus a connection to it (provides both). */
+export const layerWithNats: Layer.Layer<NatsServer | Nats.Nats> = layerNats.pipe(Layer.provideMerge(layer))
+
+/** The whole storage map under a fresh unique prefix (many tests can share one server). */
+export const layerStorage = (
+  prefix: string = uniquePrefix(),
+): Layer.Layer<Storage.Storage, never, Nats.Nats> => Storage.layerPrefix(prefix).pipe(Layer.orDie)
+
+/** Server, connection and a uniquely prefixed storage: the usual environment of a test file. */
+export const layerAll = (prefix?: string): Layer.Layer<NatsServer | Nats.Nats | Storage.Storage> =>
+  layerStorage(prefix).pipe(Layer.provideMerge(layerWithNats))
