@@ -1,0 +1,76 @@
+/**
+ * Machine figures for the `namespace` driver: create → SSH ready over ~10 machines (p50/p95), and
+ * the round trip of `bash true` over one open session (p50/p99) beside a local `bash -c true`.
+ * Goals: ready p50 < 300 ms, exec p50 < 5 ms.
+ *
+ *   node --import tsx bench/machines.ts [machines=10] [execs=200]
+ */
+import { spawnSync } from "node:child_process"
+import { Effect } from "effect"
+import { ensureTestBase } from "../host-agent/bases/Bases.ts"
+import { connect } from "../host-agent/guest/GuestSession.ts"
+import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
+import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
+
+const machines = Number(process.argv[2] ?? 10)
+const execs = Number(process.argv[3] ?? 200)
+
+const pct = (xs: Array<number>, p: number) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] as number
+}
+const ms = (n: number) => `${n.toFixed(2)} ms`
+
+const program = Effect.gen(function* () {
+  const base = yield* Effect.promise(() => ensureTestBase())
+  const driver = make(NamespaceDriverSettings.defaults)
+  const keys = newKeys()
+  const ready: Array<number> = []
+  const rtt: Array<number> = []
+  for (let i = 0; i < machines; i++) {
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        const t0 = performance.now()
+        const machine = yield* Effect.acquireRelease(
+          driver.create({
+            id: testId(`bench${i}`),
+            size: "s",
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+          }),
+          (m) => Effect.orDie(driver.destroy(m.id)),
+        )
+        const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+        yield* guest.bash({ command: "true" })
+        ready.push(performance.now() - t0)
+        if (i === 0) {
+          for (let j = 0; j < execs; j++) {
+            const t = performance.now()
+            yield* guest.bash({ command: "true" })
+            rtt.push(performance.now() - t)
+          }
+        }
+      }),
+    )
+  }
+  const local: Array<number> = []
+  for (let j = 0; j < execs; j++) {
+    const t = performance.now()
+    spawnSync("bash", ["-c", "true"])
+    local.push(performance.now() - t)
+  }
+  console.log(
+    `create → SSH ready → first bash (${machines} machines): p50 ${ms(pct(ready, 50))}, p95 ${ms(pct(ready, 95))} (goal p50 < 300 ms)`,
+  )
+  console.log(
+    `bash true over the open session (${execs}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 5 ms)`,
+  )
+  console.log(`local bash -c true baseline (${execs}): p50 ${ms(pct(local, 50))}, p99 ${ms(pct(local, 99))}`)
+  console.log(`ratio exec/local p50: ${(pct(rtt, 50) / pct(local, 50)).toFixed(2)}`)
+})
+
+Effect.runPromise(program).catch((e) => {
+  console.error(e)
+  process.exit(1)
+})

@@ -1,0 +1,279 @@
+import { Effect, Exit, Fiber, Scope } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { ensureTestBase } from "../bases/Bases.ts"
+import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
+import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
+import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
+import { IMAGE_MAX_BYTES } from "./Images.ts"
+
+const driver = make(NamespaceDriverSettings.defaults)
+const keys = newKeys()
+const id = testId("guest")
+let scope: Scope.CloseableScope
+let guest: GuestSession
+
+beforeAll(async () => {
+  const base = await ensureTestBase()
+  scope = Effect.runSync(Scope.make())
+  guest = await Effect.runPromise(
+    Scope.extend(
+      Effect.gen(function* () {
+        const machine = yield* Effect.acquireRelease(
+          driver.create({
+            id,
+            size: "s",
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+            // A small memory limit so the OOM case is quick.
+            override: { memoryBytes: 256 * 1024 * 1024 },
+          }),
+          (m) => Effect.orDie(driver.destroy(m.id)),
+        )
+        return yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+      }),
+      scope,
+    ),
+  )
+}, 15 * 60_000)
+
+afterAll(async () => {
+  await Effect.runPromise(Scope.close(scope, Exit.void))
+  expect(await leftovers(id)).toEqual([])
+})
+
+const bash = (command: string, extra: Partial<BashArgs> = {}) =>
+  Effect.runPromise(guest.bash({ command, ...extra }))
+const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(e)
+
+describe("bash", () => {
+  it("runs in /workspace with env and workdir, and reports the exit code", async () => {
+    expect(await bash("echo hi")).toEqual({
+      exit_code: 0,
+      output: "hi\n",
+      output_bytes: 3,
+      truncated: false,
+      timed_out: false,
+      oom_killed: false,
+    })
+    expect((await bash("pwd")).output).toBe("/workspace\n")
+    await bash("mkdir -p /workspace/sub")
+    const r = await bash('pwd; echo "$FOO|$BAR"; echo err >&2; exit 3', {
+      workdir: "sub",
+      env: { FOO: "a b", BAR: "x\ny" },
+    })
+    expect(r.exit_code).toBe(3)
+    expect(r.output).toBe("/workspace/sub\na b|x\ny\nerr\n")
+  })
+
+  it("only files carry over between commands", async () => {
+    await bash("export KEEP=1; cd /tmp; echo file > /workspace/carried")
+    expect((await bash('echo "[$KEEP]"; pwd; cat carried')).output).toBe("[]\n/workspace\nfile\n")
+  })
+
+  it("accepts timeout_ms up to 24 hours and refuses one more", async () => {
+    expect((await bash("true", { timeout_ms: 24 * 60 * 60_000 })).exit_code).toBe(0)
+    const exit = await Effect.runPromiseExit(
+      guest.bash({ command: "true", timeout_ms: 24 * 60 * 60_000 + 1 }),
+    )
+    expect(String(exit)).toContain("timeout_ms")
+    const bad = await Effect.runPromiseExit(guest.bash({ command: "true", env: { "1X": "v" } }))
+    expect(String(bad)).toContain("InvalidArguments")
+  })
+
+  it("a command over timeout_ms is timed_out and its processes are gone", async () => {
+    const r = await bash("sleep 100 & sleep 100; echo never", { timeout_ms: 300 })
+    expect(r.timed_out).toBe(true)
+    expect(r.output).not.toContain("never")
+    expect((await bash("pgrep -x sleep | wc -l")).output).toBe("0\n")
+  })
+
+  it("keeps the first and last 16 KiB of 10 MiB of output and streams all of it", async () => {
+    let streamed = 0
+    const r = await Effect.runPromise(
+      guest.bash({ command: "seq 1 2000000 | head -c 10485760" }, (chunk) => {
+        streamed += chunk.length
+      }),
+    )
+    expect(r.output_bytes).toBe(10485760)
+    expect(streamed).toBe(10485760)
+    expect(r.truncated).toBe(true)
+    const [head, tail] = r.output.split(`\n[... ${10485760 - 32768} bytes omitted ...]\n`)
+    expect(head?.startsWith("1\n2\n3\n")).toBe(true)
+    expect(Buffer.byteLength(head ?? "")).toBe(16384)
+    expect(Buffer.byteLength(tail ?? "")).toBe(16384)
+  })
+
+  it("at 32 KiB of output nothing is cut; one byte more is truncated", async () => {
+    const at = await bash("head -c 32768 /dev/zero | tr '\\0' a")
+    expect(at.truncated).toBe(false)
+    expect(at.output).toBe("a".repeat(32768))
+    const over = await bash("head -c 32769 /dev/zero | tr '\\0' a")
+    expect(over.truncated).toBe(true)
+    expect(over.output_bytes).toBe(32769)
+    expect(over.output).toContain("[... 1 bytes omitted ...]")
+  })
+
+  it("passes non-UTF-8 bytes as replacement characters and counts the bytes", async () => {
+    const r = await bash("printf 'ok\\xff\\xfe\\xc3'")
+    expect(r.output).toBe("ok\uFFFD\uFFFD\uFFFD")
+    expect(r.output_bytes).toBe(5)
+  })
+
+  it("a command allocating past the memory limit is oom_killed, its other processes die, the machine goes on", async () => {
+    const r = await bash("sleep 100 & python3 -c \"x = b'a' * (600 * 1024 * 1024)\"; echo after=$?")
+    expect(r.oom_killed).toBe(true)
+    expect(r.output).toContain("after=137")
+    expect((await bash("pgrep -x sleep | wc -l; echo still")).output).toBe("0\nstill\n")
+    expect((await bash("python3 -c 'print(1+1)'")).oom_killed).toBe(false)
+  })
+
+  it("cancel kills the whole process tree, even processes that left the group", async () => {
+    let sawStart: () => void = () => undefined
+    const started = new Promise<void>((ok) => {
+      sawStart = ok
+    })
+    const fiber = Effect.runFork(
+      guest.bash(
+        { command: "sleep 1000 & (setsid sleep 1000 &); bash -c 'sleep 1000' & echo started; wait" },
+        (c) => {
+          if (Buffer.from(c).toString().includes("started")) sawStart()
+        },
+      ),
+    )
+    await started
+    expect((await bash("pgrep -x sleep | wc -l")).output).toBe("3\n")
+    await Effect.runPromise(Fiber.interrupt(fiber))
+    expect((await bash("pgrep -x sleep | wc -l")).output).toBe("0\n")
+  })
+
+  it("runs commands concurrently", async () => {
+    const [waiter, setter] = await run(
+      Effect.all(
+        [
+          guest.bash({
+            command: "while [ ! -f /tmp/flag ]; do sleep 0.01; done; echo got",
+            timeout_ms: 20_000,
+          }),
+          guest.bash({ command: "sleep 0.2; touch /tmp/flag; echo set" }),
+        ],
+        { concurrency: "unbounded" },
+      ),
+    )
+    expect(waiter.output).toBe("got\n")
+    expect(setter.output).toBe("set\n")
+  })
+})
+
+describe("read", () => {
+  it("returns lines from offset (counting from 1) up to limit, relative to /workspace", async () => {
+    await run(guest.write({ file_path: "lines.txt", content: "l1\nl2\nl3\nl4\n" }))
+    expect(await run(guest.read({ file_path: "lines.txt" }))).toEqual({ output: "l1\nl2\nl3\nl4" })
+    expect(await run(guest.read({ file_path: "/workspace/lines.txt", offset: 2, limit: 2 }))).toEqual({
+      output: "l2\nl3",
+    })
+    expect(await run(guest.read({ file_path: "missing.txt" }))).toEqual({
+      error: "/workspace/missing.txt: no such file or folder",
+    })
+  })
+
+  // A PNG header of the given size, padded with bytes after it to `bytes`.
+  const png = (name: string, side: number, bytes: number) =>
+    bash(
+      `python3 -c "
+import struct,zlib,sys
+ihdr = struct.pack('>IIBBBBB', ${side}, ${side}, 8, 2, 0, 0, 0)
+head = b'\\x89PNG\\r\\n\\x1a\\n' + struct.pack('>I', 13) + b'IHDR' + ihdr + struct.pack('>I', zlib.crc32(b'IHDR' + ihdr))
+open('${name}', 'wb').write(head + b'\\0' * (${bytes} - len(head)))
+"`,
+    )
+
+  it("returns an image of exactly 3.75 MiB as a data URL and refuses one byte more", async () => {
+    await png("at.png", 100, IMAGE_MAX_BYTES)
+    await png("over.png", 100, IMAGE_MAX_BYTES + 1)
+    const at = await run(guest.read({ file_path: "at.png" }))
+    expect("image_url" in at && at.image_url.startsWith("data:image/png;base64,")).toBe(true)
+    if ("image_url" in at)
+      expect(Buffer.from(at.image_url.split(",")[1] ?? "", "base64").length).toBe(IMAGE_MAX_BYTES)
+    const over = await run(guest.read({ file_path: "over.png" }))
+    expect(over).toEqual({ error: expect.stringContaining("3.75 MiB") })
+  })
+
+  it("accepts 2000 pixels a side and refuses 2001", async () => {
+    await png("side2000.png", 2000, 1000)
+    await png("side2001.png", 2001, 1000)
+    expect("image_url" in (await run(guest.read({ file_path: "side2000.png" })))).toBe(true)
+    expect(await run(guest.read({ file_path: "side2001.png" }))).toEqual({
+      error: expect.stringContaining("2001x2001"),
+    })
+  })
+})
+
+describe("write and edit", () => {
+  it("write makes parent folders and reports the bytes", async () => {
+    expect(await run(guest.write({ file_path: "w/x/y/z.txt", content: "héllo" }))).toEqual({ bytes: 6 })
+    expect((await bash("cat w/x/y/z.txt")).output).toBe("héllo")
+  })
+
+  it("edit applies every edit, atomically", async () => {
+    await run(guest.write({ file_path: "e.txt", content: "alpha beta gamma" }))
+    expect(
+      await run(
+        guest.edit({
+          file_path: "e.txt",
+          edits: [
+            { old_text: "alpha", new_text: "A" },
+            { old_text: "gamma", new_text: "G" },
+          ],
+        }),
+      ),
+    ).toEqual({ applied: 2 })
+    expect((await bash("cat e.txt; ls -a | grep -c edit- || true")).output).toBe("A beta G0\n")
+  })
+
+  it("an old_text found twice (or not at all) applies nothing", async () => {
+    await run(guest.write({ file_path: "twice.txt", content: "one two two" }))
+    const twice = await run(
+      guest.edit({
+        file_path: "twice.txt",
+        edits: [
+          { old_text: "one", new_text: "1" },
+          { old_text: "two", new_text: "2" },
+        ],
+      }),
+    )
+    expect(twice).toEqual({
+      error: "edits[1].old_text occurs 2 times, must occur exactly once; nothing applied",
+    })
+    const none = await run(
+      guest.edit({ file_path: "twice.txt", edits: [{ old_text: "three", new_text: "3" }] }),
+    )
+    expect(none).toEqual({ error: expect.stringContaining("occurs 0 times") })
+    expect((await bash("cat twice.txt")).output).toBe("one two two")
+  })
+})
+
+describe("list", () => {
+  it("lists 1,000 entries and marks 1,001 truncated; links are skipped", async () => {
+    await bash(
+      "mkdir -p l1000 l1001 && cd l1000 && touch $(seq -w 1 1000) && cd ../l1001 && touch $(seq -w 1 1001)",
+    )
+    const at = await run(guest.list({ path: "l1000" }))
+    expect("entries" in at && at.entries.length === 1000 && !at.truncated).toBe(true)
+    const over = await run(guest.list({ path: "l1001" }))
+    expect("entries" in over && over.entries.length === 1000 && over.truncated).toBe(true)
+  })
+
+  it("gives files with size and folders, by name, and does not follow links", async () => {
+    await bash("mkdir -p mixed/dir && printf abc > mixed/f && ln -s /etc mixed/link && ln -s f mixed/flink")
+    expect(await run(guest.list({ path: "mixed" }))).toEqual({
+      entries: [
+        { name: "dir", type: "folder" },
+        { name: "f", type: "file", size: 3 },
+      ],
+      truncated: false,
+      skipped: ["flink", "link"],
+    })
+    expect(await run(guest.list({ path: "mixed/f" }))).toEqual({ error: "/workspace/mixed/f: not a folder" })
+  })
+})

@@ -1,0 +1,308 @@
+/**
+ * GuestSession: the host agent's one SSH connection to a machine, kept open for the machine's
+ * life, and the command kinds run over it. The machine's host key is pinned (the driver generated
+ * it), Nagle is off (or every exec waits ~40 ms for a delayed ACK), and commands run concurrently,
+ * each `bash` on its own channel and the file kinds over one shared SFTP channel.
+ *
+ * A `bash` command runs in its own `bash -c`, in its own process group, and in its own
+ * memory cgroup below the machine's, so an OOM kill is attributed to the command that caused it
+ * and cancelling (interrupting the effect) kills every process it started, wherever they went.
+ */
+import { posix } from "node:path"
+import type { Scope } from "effect"
+import { Data, Effect } from "effect"
+import type { ClientChannel, SFTPWrapper } from "ssh2"
+import ssh2 from "ssh2"
+import * as Files from "./Files.ts"
+import { OutputKeeper } from "./Output.ts"
+
+/** Where and how to reach a machine's sshd. */
+export interface GuestEndpoint {
+  readonly host: string
+  readonly port: number
+  /** The public host key to pin, OpenSSH `type base64` line. */
+  readonly hostKey: string
+  /** The client's private key (OpenSSH text), whose public half the machine authorizes. */
+  readonly privateKey: string
+}
+
+/** The connection to the machine is lost or could not be made: the command could not run. */
+export class GuestUnavailable extends Data.TaggedError("GuestUnavailable")<{ readonly detail: string }> {}
+
+/** The command's arguments break a rule; it did not run. */
+export class InvalidArguments extends Data.TaggedError("InvalidArguments")<{
+  readonly field: string
+  readonly detail: string
+}> {}
+
+/** Default `bash` timeout: 5 minutes. */
+export const BASH_DEFAULT_TIMEOUT_MS = 5 * 60_000
+/** Longest `bash` timeout: 24 hours. */
+export const BASH_MAX_TIMEOUT_MS = 24 * 60 * 60_000
+
+export interface BashArgs {
+  readonly command: string
+  readonly workdir?: string
+  readonly timeout_ms?: number
+  readonly env?: Readonly<Record<string, string>>
+}
+
+export interface BashResult {
+  readonly exit_code: number
+  readonly output: string
+  readonly output_bytes: number
+  readonly truncated: boolean
+  readonly timed_out: boolean
+  readonly oom_killed: boolean
+}
+
+export type {
+  EditArgs,
+  EditResult,
+  ListArgs,
+  ListResult,
+  ReadArgs,
+  ReadResult,
+  WriteArgs,
+  WriteResult,
+} from "./Files.ts"
+
+/** The command kinds a machine answers. */
+export interface GuestSession {
+  /** Runs `command`; output chunks go to `onOutput` as they come. Interrupting cancels it and kills its processes. */
+  readonly bash: (
+    args: BashArgs,
+    onOutput?: (chunk: Uint8Array) => void,
+  ) => Effect.Effect<BashResult, GuestUnavailable | InvalidArguments>
+  /** Reads lines of a text file, or an image as a data URL. */
+  readonly read: (args: Files.ReadArgs) => Effect.Effect<Files.ReadResult, GuestUnavailable>
+  /** Writes a file, making its parent folders. */
+  readonly write: (args: Files.WriteArgs) => Effect.Effect<Files.WriteResult, GuestUnavailable>
+  /** Applies all edits or none, replacing the file atomically. */
+  readonly edit: (args: Files.EditArgs) => Effect.Effect<Files.EditResult, GuestUnavailable>
+  /** Lists a folder (1,000 entries at most, links skipped). */
+  readonly list: (args: Files.ListArgs) => Effect.Effect<Files.ListResult, GuestUnavailable>
+}
+
+// The fixed program every `bash` command runs. Its arguments come on stdin, NUL-separated (cgroup
+// slot, workdir, command, then NAME=value pairs), so nothing is quoted and the size is not bounded
+// by sshd's command line. The command's stdout and stderr go to the channel's stdout; the wrapper
+// reports on the channel's stderr: `pid N` once the command is in its cgroup, and at the end
+// `end <exit code> <oom kills>` after every leftover process of the command is killed.
+//
+// Only shell builtins run between sshd and the command's bash (each extra program costs ~1.5 ms of
+// an exec): `set -m` gives the command its own process group, and command cgroups are reused from
+// slots the session hands out (making and removing a memory cgroup costs ~3 ms), so the OOM count
+// is the difference of the slot's counter over the command.
+const WRAPPER = `set -u
+IFS= read -r -d '' k; IFS= read -r -d '' wd; IFS= read -r -d '' cmd
+envs=(); while IFS= read -r -d '' kv; do envs+=("$kv"); done
+cg=/sys/fs/cgroup/memory/p$k
+[ -d "$cg" ] || mkdir "$cg" || exit 97
+oom0=0; while read -r n v; do [ "$n" = oom_kill ] && oom0=$v; done < "$cg/memory.oom_control"
+exec 3>&2
+set -m
+( echo $BASHPID > "$cg/cgroup.procs" && echo 1000 > /proc/self/oom_score_adj && echo "pid $BASHPID" >&3 && exec 3>&- && cd "$wd" && for kv in "\${envs[@]}"; do export "$kv"; done && exec /bin/bash -c "$cmd" ) </dev/null 2>&1 &
+wait $! 2>/dev/null; rc=$?
+oom=0; while read -r n v; do [ "$n" = oom_kill ] && oom=$v; done < "$cg/memory.oom_control"
+for ((i = 0; i < 1000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -eq 0 ] && break; kill -9 "\${ps[@]}" 2>/dev/null; sleep 0.005; done
+echo "end $rc $((oom - oom0))" >&3
+`
+
+// Kills everything in the command's cgroup until it is empty (the slot is not reused before the
+// command's channel closes, so nothing else can be in it).
+const killCommand = (k: number) =>
+  `cg=/sys/fs/cgroup/memory/p${k}; for ((i = 0; i < 2000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -eq 0 ] && exit 0; kill -9 "\${ps[@]}" 2>/dev/null; sleep 0.005; done`
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+
+const validate = (args: BashArgs): InvalidArguments | undefined => {
+  const timeout = args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS
+  if (!Number.isInteger(timeout) || timeout < 1 || timeout > BASH_MAX_TIMEOUT_MS) {
+    return new InvalidArguments({ field: "timeout_ms", detail: `must be 1 to ${BASH_MAX_TIMEOUT_MS}` })
+  }
+  if (args.command.includes("\0")) return new InvalidArguments({ field: "command", detail: "contains NUL" })
+  if (args.workdir?.includes("\0")) return new InvalidArguments({ field: "workdir", detail: "contains NUL" })
+  for (const [k, v] of Object.entries(args.env ?? {})) {
+    if (!ENV_NAME.test(k)) return new InvalidArguments({ field: `env.${k}`, detail: "not a variable name" })
+    if (v.includes("\0")) return new InvalidArguments({ field: `env.${k}`, detail: "contains NUL" })
+  }
+  return undefined
+}
+
+const exec = (client: ssh2.Client, command: string) =>
+  new Promise<ClientChannel>((ok, fail) => client.exec(command, (err, ch) => (err ? fail(err) : ok(ch))))
+
+const unavailable = (e: unknown) =>
+  new GuestUnavailable({ detail: e instanceof Error ? e.message : String(e) })
+
+const connectOnce = (endpoint: GuestEndpoint) =>
+  new Promise<ssh2.Client>((ok, fail) => {
+    const parsed = ssh2.utils.parseKey(endpoint.hostKey)
+    if (parsed instanceof Error) return fail(parsed)
+    const pinned = parsed.getPublicSSH()
+    const client = new ssh2.Client()
+    client.once("ready", () => {
+      client.setNoDelay(true)
+      ok(client)
+    })
+    client.once("error", fail)
+    client.connect({
+      host: endpoint.host,
+      port: endpoint.port,
+      username: "root",
+      privateKey: endpoint.privateKey,
+      hostVerifier: (key: Buffer) => pinned.equals(key),
+      readyTimeout: 10_000,
+      keepaliveInterval: 15_000,
+    })
+  })
+
+/** Cgroup slots of running commands: a slot is reused only after its command's channel closed. */
+class Slots {
+  private readonly used = new Set<number>()
+  take(): number {
+    let k = 0
+    while (this.used.has(k)) k++
+    this.used.add(k)
+    return k
+  }
+  give(k: number): void {
+    this.used.delete(k)
+  }
+}
+
+const runBash = (client: ssh2.Client, slots: Slots, args: BashArgs, onOutput?: (chunk: Uint8Array) => void) =>
+  Effect.async<BashResult, GuestUnavailable>((resume) => {
+    const slot = slots.take()
+    const keeper = new OutputKeeper()
+    let control = ""
+    let markStarted: () => void = () => undefined
+    // Killing is only sure once the command is inside its cgroup (or already over).
+    const started = new Promise<void>((ok) => {
+      markStarted = ok
+    })
+    let finished = false
+    let timedOut = false
+    let channel: ClientChannel | undefined
+    let closed: Promise<void> = Promise.resolve()
+    let kill: Promise<void> | undefined
+    const killAll = () => {
+      kill ??= started
+        .then(() => exec(client, killCommand(slot)))
+        .then(
+          (ch) =>
+            new Promise<void>((ok) => {
+              ch.on("close", () => ok())
+              ch.resume()
+              ch.stderr.resume()
+            }),
+          () => undefined,
+        )
+      return kill
+    }
+    const timer = setTimeout(() => {
+      timedOut = true
+      void killAll()
+    }, args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS)
+    exec(client, WRAPPER).then(
+      (ch) => {
+        channel = ch
+        closed = new Promise((ok) => ch.on("close", () => ok()))
+        ch.on("data", (chunk: Buffer) => {
+          keeper.push(chunk)
+          onOutput?.(chunk)
+        })
+        ch.stderr.on("data", (chunk: Buffer) => {
+          control += chunk.toString("latin1")
+          if (/pid \d+\n/.test(control)) markStarted()
+        })
+        ch.on("close", () => {
+          markStarted()
+          slots.give(slot)
+          clearTimeout(timer)
+          if (finished) return
+          finished = true
+          const end = /end (\d+) (-?\d+)/.exec(control)
+          if (!end)
+            return resume(
+              Effect.fail(
+                new GuestUnavailable({ detail: `bash ended without a status: ${control.slice(-500)}` }),
+              ),
+            )
+          const kept = keeper.result()
+          resume(
+            Effect.succeed({
+              exit_code: Number(end[1]),
+              ...kept,
+              timed_out: timedOut,
+              oom_killed: Number(end[2]) > 0,
+            }),
+          )
+        })
+        const fields = [String(slot), posix.resolve(Files.WORKSPACE, args.workdir ?? "."), args.command]
+        for (const [k, v] of Object.entries(args.env ?? {})) fields.push(`${k}=${v}`)
+        ch.end(Buffer.from(fields.map((f) => `${f}\0`).join(""), "utf8"))
+      },
+      (e) => {
+        markStarted()
+        slots.give(slot)
+        clearTimeout(timer)
+        finished = true
+        resume(Effect.fail(unavailable(e)))
+      },
+    )
+    // Cancel: kill every process of the command (its cgroup), then wait for the wrapper to finish.
+    return Effect.promise(async () => {
+      clearTimeout(timer)
+      finished = true
+      if (!channel) return
+      await killAll()
+      await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))])
+    })
+  })
+
+const sftpOf = (client: ssh2.Client) =>
+  new Promise<SFTPWrapper>((ok, fail) => client.sftp((err, sftp) => (err ? fail(err) : ok(sftp))))
+
+/** Opens the session (retrying while sshd starts, up to `readyTimeoutMs`); the connection ends with the scope. */
+export const connect = (
+  endpoint: GuestEndpoint,
+  readyTimeoutMs = 10_000,
+): Effect.Effect<GuestSession, GuestUnavailable, Scope.Scope> =>
+  Effect.gen(function* () {
+    const client = yield* Effect.acquireRelease(
+      Effect.tryPromise({
+        try: async () => {
+          const until = Date.now() + readyTimeoutMs
+          for (;;) {
+            try {
+              return await connectOnce(endpoint)
+            } catch (e) {
+              // A key mismatch will not get better by waiting.
+              if (Date.now() > until || String(e).includes("verification")) throw e
+              await new Promise((r) => setTimeout(r, 20))
+            }
+          }
+        },
+        catch: unavailable,
+      }),
+      (c) => Effect.sync(() => c.end()),
+    )
+    const slots = new Slots()
+    const sftp = yield* Effect.tryPromise({ try: () => sftpOf(client), catch: unavailable })
+    const files =
+      <A, R>(f: (sftp: SFTPWrapper, args: A) => Promise<R>) =>
+      (args: A) =>
+        Effect.tryPromise({ try: () => f(sftp, args), catch: unavailable })
+    return {
+      bash: (args, onOutput) => {
+        const invalid = validate(args)
+        return invalid ? Effect.fail(invalid) : runBash(client, slots, args, onOutput)
+      },
+      read: files(Files.read),
+      write: files(Files.write),
+      edit: files(Files.edit),
+      list: files(Files.list),
+    } satisfies GuestSession
+  })

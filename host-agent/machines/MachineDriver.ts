@@ -1,0 +1,101 @@
+/**
+ * MachineDriver: the service that makes and removes machines. A machine is a root filesystem over
+ * a read-only base, a `/workspace` disk of the size's capacity, CPU and memory limits, its own
+ * network, and an sshd reachable at `ssh` whose host key the caller chose. Drivers: `namespace`
+ * (Linux namespaces and cgroups) and, later, `qemu`.
+ */
+
+import type { Scope } from "effect"
+import { Context, Data, Effect } from "effect"
+
+/** A machine size name from the spec's size table. */
+export type SizeName = "s" | "m" | "l" | "xl"
+
+/** What a size gives a machine. */
+export interface Size {
+  readonly vcpus: number
+  readonly memoryBytes: number
+  readonly diskBytes: number
+}
+
+const GiB = 1024 ** 3
+
+/** The spec's "Machine sizes" table. */
+export const sizes: Readonly<Record<SizeName, Size>> = {
+  s: { vcpus: 1, memoryBytes: 2 * GiB, diskBytes: 16 * GiB },
+  m: { vcpus: 2, memoryBytes: 4 * GiB, diskBytes: 32 * GiB },
+  l: { vcpus: 4, memoryBytes: 8 * GiB, diskBytes: 64 * GiB },
+  xl: { vcpus: 8, memoryBytes: 16 * GiB, diskBytes: 128 * GiB },
+}
+
+/** What to create. */
+export interface MachineSpec {
+  /** Unique on the host, `[a-z0-9_]{1,64}`; names every resource of the machine. */
+  readonly id: string
+  readonly size: SizeName
+  /** The base's read-only root filesystem folder. */
+  readonly base: string
+  /** The one public key (OpenSSH `ssh-ed25519 AAAA…` line) allowed to log in as root. */
+  readonly authorizedKey: string
+  /** The machine's sshd host key (OpenSSH private key text); the caller pins its public half. */
+  readonly hostKey: string
+  /** Test-only overrides of the size's memory and disk, to cross limits quickly. */
+  readonly override?: Partial<Pick<Size, "memoryBytes" | "diskBytes">>
+}
+
+/** Where the machine's sshd listens. */
+export interface SshEndpoint {
+  readonly host: string
+  readonly port: number
+  /** The host key's public half, OpenSSH format, for pinning. */
+  readonly hostKey: string
+}
+
+/** A running machine. */
+export interface Machine {
+  readonly id: string
+  readonly size: SizeName
+  readonly limits: Size
+  readonly ssh: SshEndpoint
+  /** Driver-specific details (pids, folders, device names), for diagnostics and tests. */
+  readonly handle: Readonly<Record<string, string | number>>
+}
+
+/** Creating a machine failed; whatever was made has been removed again. */
+export class MachineCreateFailed extends Data.TaggedError("MachineCreateFailed")<{
+  readonly id: string
+  readonly step: string
+  readonly detail: string
+}> {}
+
+/** Removing a machine left something behind (named in `detail`). */
+export class MachineDestroyFailed extends Data.TaggedError("MachineDestroyFailed")<{
+  readonly id: string
+  readonly detail: string
+}> {}
+
+/** The machine driver service. */
+export interface MachineDriverService {
+  readonly kind: "namespace" | "qemu"
+  /** Makes a machine and returns once its sshd accepts connections; on failure nothing is left. */
+  readonly create: (spec: MachineSpec) => Effect.Effect<Machine, MachineCreateFailed>
+  /** Removes every trace of machine `id` (processes, mounts, devices, cgroups, network, files); idempotent. */
+  readonly destroy: (id: string) => Effect.Effect<void, MachineDestroyFailed>
+}
+
+/** The Tag of the configured machine driver. */
+export class MachineDriver extends Context.Tag("host-agent/MachineDriver")<
+  MachineDriver,
+  MachineDriverService
+>() {}
+
+/** A machine that is destroyed when the scope closes. */
+export const scoped = (
+  spec: MachineSpec,
+): Effect.Effect<Machine, MachineCreateFailed, MachineDriver | Scope.Scope> =>
+  Effect.flatMap(MachineDriver, (driver) =>
+    Effect.acquireRelease(driver.create(spec), (m) => Effect.orDie(driver.destroy(m.id))),
+  )
+
+/** The limits of a spec: its size, with the test-only overrides applied. */
+export const limitsOf = (spec: MachineSpec): Size => ({ ...sizes[spec.size], ...spec.override })

@@ -1,0 +1,108 @@
+/**
+ * cgroup v1 limits of one machine: `memory`, `cpu` and `pids` under `<root>/<controller>/hangar/<id>`.
+ * The memory group has a child `cmds` that the machine sees as `/sys/fs/cgroup/memory`: each `bash`
+ * command runs in its own group below it, so an OOM kill is charged to the command that caused it,
+ * while the limit stays on the machine's group, out of the guest's reach.
+ */
+import * as fs from "node:fs/promises"
+import { join } from "node:path"
+
+export const controllers = ["memory", "cpu", "pids"] as const
+
+/** The machine's group folder for `controller`. */
+export const groupOf = (root: string, controller: string, id: string) => join(root, controller, "hangar", id)
+
+/** The folder the guest sees as its memory cgroup root. */
+export const guestGroupOf = (root: string, id: string) => join(groupOf(root, "memory", id), "cmds")
+
+/** Makes the groups and sets the limits. */
+export const make = async (
+  root: string,
+  id: string,
+  limits: { readonly memoryBytes: number; readonly vcpus: number; readonly pids: number },
+): Promise<void> => {
+  for (const c of controllers) await fs.mkdir(groupOf(root, c, id), { recursive: true })
+  await fs.writeFile(join(groupOf(root, "memory", id), "memory.limit_in_bytes"), String(limits.memoryBytes))
+  await fs.mkdir(guestGroupOf(root, id))
+  await fs.writeFile(join(groupOf(root, "cpu", id), "cpu.cfs_period_us"), "100000")
+  await fs.writeFile(join(groupOf(root, "cpu", id), "cpu.cfs_quota_us"), String(limits.vcpus * 100000))
+  await fs.writeFile(join(groupOf(root, "pids", id), "pids.max"), String(limits.pids))
+}
+
+/** The group folders of a machine, deepest first. */
+const allGroups = async (root: string, id: string): Promise<Array<string>> => {
+  const out: Array<string> = []
+  const walk = async (dir: string): Promise<boolean> => {
+    const entries = await fs.readdir(dir, { withFileTypes: true }).catch(() => undefined)
+    if (!entries) return false
+    for (const e of entries) if (e.isDirectory()) await walk(join(dir, e.name))
+    out.push(dir)
+    return true
+  }
+  for (const c of controllers) await walk(groupOf(root, c, id))
+  return out
+}
+
+/** Every process in the machine's groups. */
+export const tasks = async (root: string, id: string): Promise<Array<number>> => {
+  const pids = new Set<number>()
+  for (const dir of await allGroups(root, id)) {
+    const text = await fs.readFile(join(dir, "cgroup.procs"), "utf8").catch(() => "")
+    for (const line of text.split("\n")) if (line) pids.add(Number(line))
+  }
+  return [...pids]
+}
+
+/** The number of OOM kills in the machine's memory group (its own processes, not its commands'). */
+export const oomKills = async (root: string, id: string): Promise<number> => {
+  const text = await fs
+    .readFile(join(groupOf(root, "memory", id), "memory.oom_control"), "utf8")
+    .catch(() => "")
+  return Number(/oom_kill (\d+)/.exec(text)?.[1] ?? 0)
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+/** Signals every process with SIGTERM, waits up to `graceMs`, then SIGKILLs until none is left. */
+export const killAll = async (root: string, id: string, graceMs: number): Promise<void> => {
+  const signal = async (sig: NodeJS.Signals) => {
+    const pids = await tasks(root, id)
+    for (const pid of pids) {
+      try {
+        process.kill(pid, sig)
+      } catch {
+        // already gone
+      }
+    }
+    return pids.length
+  }
+  if ((await signal("SIGTERM")) === 0) return
+  const termUntil = Date.now() + graceMs
+  while (Date.now() < termUntil) {
+    if ((await tasks(root, id)).length === 0) return
+    await sleep(10)
+  }
+  const killUntil = Date.now() + 10_000
+  while ((await signal("SIGKILL")) > 0) {
+    if (Date.now() > killUntil) throw new Error(`processes left in cgroup hangar/${id}`)
+    await sleep(10)
+  }
+}
+
+/** Removes the machine's groups (deepest first), retrying while exiting processes release them. */
+export const remove = async (root: string, id: string): Promise<void> => {
+  const until = Date.now() + 5_000
+  for (const dir of await allGroups(root, id)) {
+    for (;;) {
+      try {
+        await fs.rmdir(dir)
+        break
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code
+        if (code === "ENOENT") break
+        if (Date.now() > until) throw new Error(`cannot remove cgroup ${dir}: ${code}`)
+        await sleep(10)
+      }
+    }
+  }
+}

@@ -1,0 +1,146 @@
+import { Effect, Exit } from "effect"
+import { beforeAll, describe, expect, it } from "vitest"
+import { type Base, ensureTestBase } from "../../bases/Bases.ts"
+import { connect } from "../../guest/GuestSession.ts"
+import type { MachineSpec } from "../MachineDriver.ts"
+import { make, NamespaceDriverSettings } from "./NamespaceDriver.ts"
+import { leftovers, newKeys, testId } from "./testing.ts"
+
+const driver = make(NamespaceDriverSettings.defaults)
+const keys = newKeys()
+let base: Base
+
+beforeAll(async () => {
+  base = await ensureTestBase()
+}, 15 * 60_000)
+
+const spec = (label: string, extra: Partial<MachineSpec> = {}): MachineSpec => ({
+  id: testId(label),
+  size: "s",
+  base: base.rootfs,
+  authorizedKey: keys.client.public,
+  hostKey: keys.host.private,
+  ...extra,
+})
+
+// Runs `f` with a session to a fresh machine, then destroys the machine.
+const withMachine = <A>(
+  s: MachineSpec,
+  f: (m: { bash: (c: string) => Promise<{ exit_code: number; output: string }> }) => Promise<A>,
+) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const machine = yield* Effect.acquireRelease(driver.create(s), (m) =>
+          Effect.orDie(driver.destroy(m.id)),
+        )
+        const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+        return yield* Effect.promise(() =>
+          f({ bash: (command) => Effect.runPromise(guest.bash({ command })) }),
+        )
+      }),
+    ),
+  )
+
+describe("namespace driver", () => {
+  it("creates a machine reachable over SSH with its limits, and destroy leaves nothing", async () => {
+    const s = spec("basic")
+    const machine = await Effect.runPromise(driver.create(s))
+    expect(machine.ssh.port).toBe(22)
+    expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
+    const out = await Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+          g.bash({
+            command:
+              "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u",
+          }),
+        ),
+      ),
+    )
+    const lines = out.output.split("\n")
+    expect(lines[0]).toBe("hello")
+    expect(lines[1]).toBe("machine")
+    // ext4 keeps a little for itself; the disk is the size's 16 GiB.
+    expect(Number(lines[2])).toBeGreaterThan(15.5 * 1024 ** 3)
+    expect(Number(lines[2])).toBeLessThanOrEqual(16 * 1024 ** 3)
+    expect(lines[3]).toContain("bwrap") // pid 1 of its own pid namespace
+    expect(lines[4]).toBe("0") // root
+    expect(await leftovers(s.id)).not.toEqual([])
+    await Effect.runPromise(driver.destroy(s.id))
+    expect(await leftovers(s.id)).toEqual([])
+    // Idempotent: destroying again (and destroying a machine that never existed) succeeds.
+    await Effect.runPromise(driver.destroy(s.id))
+    await Effect.runPromise(driver.destroy(testId("never")))
+  })
+
+  it("pins the host key: a session expecting another key is refused", async () => {
+    const s = spec("pin")
+    const other = newKeys().host
+    const exit = await Effect.runPromiseExit(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const machine = yield* Effect.acquireRelease(driver.create(s), (m) =>
+            Effect.orDie(driver.destroy(m.id)),
+          )
+          return yield* connect(
+            { ...machine.ssh, hostKey: other.public, privateKey: keys.client.private },
+            2_000,
+          )
+        }),
+      ),
+    )
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect(String(exit)).toContain("GuestUnavailable")
+    expect(await leftovers(s.id)).toEqual([])
+  })
+
+  it("refuses a bad id and leaves nothing", async () => {
+    const exit = await Effect.runPromiseExit(driver.create(spec("x", { id: "Bad/Id" })))
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect(String(exit)).toContain("MachineCreateFailed")
+  })
+
+  it("a full /workspace is a real ENOSPC", async () => {
+    const s = spec("full", { override: { diskBytes: 16 * 1024 * 1024 } })
+    const out = await withMachine(s, (m) =>
+      m.bash(
+        "head -c 32M /dev/zero > /workspace/big; echo status=$?; df -B1 --output=size /workspace | tail -1",
+      ),
+    )
+    expect(out.output).toContain("No space left on device")
+    expect(out.output).toContain("status=1")
+    expect(await leftovers(s.id)).toEqual([])
+  })
+
+  it("leaves nothing after 5 create/destroy cycles", async () => {
+    const ids: Array<string> = []
+    for (let i = 0; i < 5; i++) {
+      const s = spec(`cycle${i}`)
+      ids.push(s.id)
+      const out = await withMachine(s, (m) => m.bash("echo up"))
+      expect(out.output).toBe("up\n")
+    }
+    for (const id of ids) expect(await leftovers(id)).toEqual([])
+  })
+
+  it("two machines run side by side on separate networks", async () => {
+    const a = spec("a")
+    const b = spec("b")
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const [ma, mb] = yield* Effect.all(
+            [a, b].map((s) =>
+              Effect.acquireRelease(driver.create(s), (m) => Effect.orDie(driver.destroy(m.id))),
+            ),
+            { concurrency: 2 },
+          )
+          expect(ma?.ssh.host).not.toBe(mb?.ssh.host)
+        }),
+      ),
+    )
+    expect(await leftovers(a.id)).toEqual([])
+    expect(await leftovers(b.id)).toEqual([])
+  })
+})

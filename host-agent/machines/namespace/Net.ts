@@ -1,0 +1,95 @@
+/**
+ * Machine networks: each machine gets its own network namespace joined to the host by a veth
+ * pair on a /30 from a private pool. Slots are leased with exclusive-create files under the run
+ * folder, so several host-agent processes (or test files) never hand out the same addresses.
+ */
+import { createHash } from "node:crypto"
+import * as fs from "node:fs/promises"
+import { join } from "node:path"
+import { run } from "./exec.ts"
+
+/** The addresses and names of one machine's network. */
+export interface NetLease {
+  readonly slot: number
+  readonly netns: string
+  readonly hostIf: string
+  readonly hostAddress: string
+  readonly guestAddress: string
+}
+
+const SLOTS = 16384 // a /16 pool cut into /30s
+
+const addressOf = (pool: string, slot: number, offset: number) => {
+  const [a, b] = pool.split(".").map(Number)
+  const n = slot * 4 + offset
+  return `${a}.${b}.${n >> 8}.${n & 255}`
+}
+
+/** The netns of machine `id`. */
+export const netnsOf = (id: string) => `hangar-${id}`
+
+/** The host-side interface of machine `id` (interface names are at most 15 bytes). */
+export const hostIfOf = (id: string) => `hg${createHash("sha256").update(id).digest("hex").slice(0, 12)}`
+
+const leaseOf = (pool: string, id: string, slot: number): NetLease => ({
+  slot,
+  netns: netnsOf(id),
+  hostIf: hostIfOf(id),
+  hostAddress: addressOf(pool, slot, 1),
+  guestAddress: addressOf(pool, slot, 2),
+})
+
+/** Leases a free slot for machine `id`. */
+export const lease = async (runDir: string, pool: string, id: string): Promise<NetLease> => {
+  const slots = join(runDir, "net", "slot")
+  const byId = join(runDir, "net", "by-id")
+  await fs.mkdir(slots, { recursive: true })
+  await fs.mkdir(byId, { recursive: true })
+  const start = Math.floor(Math.random() * SLOTS)
+  for (let i = 0; i < SLOTS; i++) {
+    const slot = (start + i) % SLOTS
+    try {
+      await fs.writeFile(join(slots, String(slot)), id, { flag: "wx" })
+    } catch {
+      continue
+    }
+    await fs.writeFile(join(byId, id), String(slot))
+    return leaseOf(pool, id, slot)
+  }
+  throw new Error("no free network slot")
+}
+
+/** Gives back the slot of machine `id`, if it holds one. */
+export const release = async (runDir: string, id: string): Promise<void> => {
+  const byId = join(runDir, "net", "by-id", id)
+  const slot = await fs.readFile(byId, "utf8").catch(() => undefined)
+  if (slot !== undefined) await fs.rm(join(runDir, "net", "slot", slot.trim()), { force: true })
+  await fs.rm(byId, { force: true })
+}
+
+/** Makes the netns and the veth pair, addressed and up, with a default route to the host side. */
+export const up = async (n: NetLease): Promise<void> => {
+  await run("ip", ["netns", "add", n.netns])
+  await run("ip", ["-batch", "-"], {
+    input: [
+      `link add ${n.hostIf} type veth peer name eth0 netns ${n.netns}`,
+      `addr add ${n.hostAddress}/30 dev ${n.hostIf}`,
+      `link set ${n.hostIf} up`,
+    ].join("\n"),
+  })
+  await run("ip", ["-n", n.netns, "-batch", "-"], {
+    input: [
+      `addr add ${n.guestAddress}/30 dev eth0`,
+      "link set lo up",
+      "link set eth0 up",
+      `route add default via ${n.hostAddress}`,
+    ].join("\n"),
+  })
+}
+
+/** Removes the veth pair and the netns of machine `id`; missing parts are fine. */
+export const down = async (id: string): Promise<void> => {
+  // Deleting one end of a veth pair deletes both.
+  await run("ip", ["link", "del", hostIfOf(id)]).catch(() => undefined)
+  await run("ip", ["netns", "del", netnsOf(id)]).catch(() => undefined)
+}

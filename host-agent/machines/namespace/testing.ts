@@ -1,0 +1,51 @@
+/** Helpers for tests that make real namespace machines. */
+
+import { randomBytes } from "node:crypto"
+import { readdir, readFile, stat } from "node:fs/promises"
+import { join } from "node:path"
+import ssh2 from "ssh2"
+import * as Cgroups from "./Cgroups.ts"
+import { run } from "./exec.ts"
+import { NamespaceDriverSettings } from "./NamespaceDriver.ts"
+import * as Net from "./Net.ts"
+
+/** A fresh client key pair and host key pair. */
+export const newKeys = () => ({
+  client: ssh2.utils.generateKeyPairSync("ed25519"),
+  host: ssh2.utils.generateKeyPairSync("ed25519"),
+})
+
+/** A machine id unique to this test run. */
+export const testId = (label: string) => `t${label}_${randomBytes(5).toString("hex")}`
+
+const exists = (path: string) =>
+  stat(path).then(
+    () => true,
+    () => false,
+  )
+
+/** Everything machine `id` could have left behind on the host, by kind; empty when clean. */
+export const leftovers = async (id: string): Promise<Array<string>> => {
+  const s = NamespaceDriverSettings.defaults
+  const found: Array<string> = []
+  const dir = join(s.machinesDir, id)
+  if (await exists(dir)) found.push(`folder ${dir}`)
+  for (const c of Cgroups.controllers) {
+    if (await exists(Cgroups.groupOf(s.cgroupRoot, c, id))) found.push(`cgroup ${c}/hangar/${id}`)
+  }
+  const links = await run("ip", ["-o", "link", "show"])
+  if (links.includes(Net.hostIfOf(id))) found.push(`veth ${Net.hostIfOf(id)}`)
+  if ((await run("ip", ["netns", "list"])).includes(Net.netnsOf(id))) found.push(`netns ${Net.netnsOf(id)}`)
+  if (await exists(join(s.runDir, "net", "by-id", id))) found.push("network lease")
+  const loops = await run("losetup", ["-a"])
+  if (loops.includes(dir)) found.push(`loop device: ${loops.trim()}`)
+  // Mounts and processes: look through every process's view of the mounts and its command line.
+  for (const pid of await readdir("/proc")) {
+    if (!/^\d+$/.test(pid)) continue
+    const mounts = await readFile(`/proc/${pid}/mountinfo`, "utf8").catch(() => "")
+    if (mounts.includes(dir)) found.push(`mount seen by pid ${pid}`)
+    const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")
+    if (cmdline.includes(dir) || cmdline.includes(Net.netnsOf(id))) found.push(`process ${pid}`)
+  }
+  return found
+}
