@@ -10,6 +10,21 @@ import { Cause, Effect, Exit, Fiber } from "effect"
 const exitCode = <E>(exit: Exit.Exit<unknown, E>): number =>
   Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause) ? 0 : 1
 
+/**
+ * What to tell the operator: an expected failure (a tagged error with a message, such as a second
+ * start finding the data folder locked) is one line; a defect keeps its full trace.
+ */
+const describe = <E>(cause: Cause.Cause<E>): string => {
+  const failure = Cause.failureOption(cause)
+  if (failure._tag === "Some") {
+    const error = failure.value as { readonly _tag?: unknown; readonly message?: unknown }
+    if (typeof error?.message === "string" && error.message !== "") {
+      return `hangar: ${error.message}${typeof error._tag === "string" ? ` (${error._tag})` : ""}`
+    }
+  }
+  return Cause.pretty(cause)
+}
+
 /** Runs `program` to completion as the process's main fiber and exits with its status. */
 export const runMain = <E>(program: Effect.Effect<unknown, E>): void => {
   const fiber = Effect.runFork(program)
@@ -24,9 +39,8 @@ export const runMain = <E>(program: Effect.Effect<unknown, E>): void => {
   fiber.addObserver((exit) => {
     process.off("SIGINT", onSignal)
     process.off("SIGTERM", onSignal)
-    if (Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)) {
-      process.stderr.write(`${Cause.pretty(exit.cause)}\n`)
-    }
+    if (Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause))
+      process.stderr.write(`${describe(exit.cause)}\n`)
     process.exit(exitCode(exit))
   })
 }

@@ -2,17 +2,28 @@
 // dependency is installed. The bootstrap writes `.tools/nats-server.path` once it has found or
 // fetched a nats-server that is new enough; everything that starts a nats-server reads it here.
 import { existsSync, readFileSync } from "node:fs"
-import { dirname, join } from "node:path"
+import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 
 /** The repository root. */
 export const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 
-/** The git-ignored folder holding fetched tools. */
-export const toolsDir = join(root, ".tools")
+/**
+ * The git-ignored folder holding fetched tools. `HANGAR_TOOLS_DIR` moves it (the bootstrap's own
+ * test fetches into a temporary folder); this bootstrap-level file is the only reader of these
+ * variables, because it must work before any npm dependency (and so `core/Config.ts`) exists.
+ */
+export const toolsDir = process.env.HANGAR_TOOLS_DIR
+  ? resolve(process.env.HANGAR_TOOLS_DIR)
+  : join(root, ".tools")
 
-/** The git-ignored folder holding local data (nats-server store, master key, issuer key). */
-export const dataDir = join(root, ".data")
+/**
+ * The git-ignored folder holding local data (nats-server store, master key, issuer key).
+ * `HANGAR_DATA_DIR` moves it (tests run the whole launcher in a temporary folder).
+ */
+export const dataDir = process.env.HANGAR_DATA_DIR
+  ? resolve(process.env.HANGAR_DATA_DIR)
+  : join(root, ".data")
 
 /** The file recording the chosen nats-server binary. */
 export const natsServerPathFile = join(toolsDir, "nats-server.path")

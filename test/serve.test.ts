@@ -1,0 +1,154 @@
+/**
+ * The one-process mode as `npm start` runs it: `hangar serve all` as a child process with its data
+ * in a temporary folder. It starts nats-server, creates the storage, serves the API, refuses a
+ * second start on the same data, and stops everything on SIGINT.
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import { existsSync } from "node:fs"
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { jetstreamManager } from "@nats-io/jetstream"
+import { connect } from "@nats-io/transport-node"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { root } from "../deploy/tools.mjs"
+
+interface Started {
+  readonly child: ChildProcess
+  readonly lines: Array<Record<string, unknown>>
+  readonly stderr: () => string
+}
+
+const bin = join(root, "cli", "bin.js")
+
+const start = (dataDir: string): Started => {
+  const child = spawn(process.execPath, [bin, "serve", "all"], {
+    env: {
+      ...process.env,
+      HANGAR_DATA_DIR: dataDir,
+      HANGAR_NATS_PORT: "-1",
+      HANGAR_HTTP_ADDR: "127.0.0.1:0",
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  })
+  const lines: Array<Record<string, unknown>> = []
+  let text = ""
+  child.stderr!.on("data", (chunk: Buffer) => {
+    text += chunk.toString("utf8")
+    for (const line of chunk.toString("utf8").split("\n")) {
+      if (line.startsWith("{")) {
+        try {
+          lines.push(JSON.parse(line))
+        } catch {
+          // a line split across chunks; the full text is still in `text`
+        }
+      }
+    }
+  })
+  return { child, lines, stderr: () => text }
+}
+
+const waitFor = async <A>(what: string, probe: () => A | undefined, started: Started): Promise<A> => {
+  for (let i = 0; i < 600; i++) {
+    const found = probe()
+    if (found !== undefined) return found
+    if (started.child.exitCode !== null) throw new Error(`exited before ${what}: ${started.stderr()}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  throw new Error(`no ${what}: ${started.stderr()}`)
+}
+
+const exited = (child: ChildProcess): Promise<number | null> =>
+  child.exitCode !== null
+    ? Promise.resolve(child.exitCode)
+    : new Promise((resolve) => child.once("exit", (code) => resolve(code)))
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+describe("hangar serve all", () => {
+  let dataDir: string
+  let first: Started
+  let api: string
+  let natsUrl: string
+  let natsPid: number
+
+  beforeAll(async () => {
+    dataDir = await mkdtemp(join(tmpdir(), "hangar-serve-"))
+    first = start(dataDir)
+    const nats = await waitFor(
+      "nats-server",
+      () => first.lines.find((l) => l.msg === "local nats-server started"),
+      first,
+    )
+    natsUrl = String(nats.url)
+    natsPid = Number(nats.pid)
+    const listening = await waitFor(
+      "gateway",
+      () => first.lines.find((l) => l.msg === "gateway listening"),
+      first,
+    )
+    api = String(listening.url)
+    await waitFor("start", () => first.lines.find((l) => l.msg === "hangar is up (Ctrl-C stops it)"), first)
+  })
+
+  afterAll(async () => {
+    if (first?.child.exitCode === null) {
+      first.child.kill("SIGKILL")
+      await exited(first.child)
+    }
+    if (natsPid && alive(natsPid)) process.kill(natsPid, "SIGKILL")
+    await rm(dataDir, { recursive: true, force: true })
+  })
+
+  it("answers GET /v1/health with 200", async () => {
+    const res = await fetch(`${api}/v1/health`)
+    expect(res.status).toBe(200)
+    expect(await res.json()).toEqual({ status: "ok" })
+    expect(res.headers.get("x-request-id")).toMatch(/\S+/)
+  })
+
+  it("answers other routes with the spec's not_found envelope", async () => {
+    const res = await fetch(`${api}/v1/no-such-route`)
+    expect(res.status).toBe(404)
+    expect(await res.json()).toEqual({ error: expect.any(String), code: "not_found" })
+  })
+
+  it("created the storage map on its nats-server, with the data under the data folder", async () => {
+    const nc = await connect({ servers: natsUrl })
+    try {
+      const jsm = await jetstreamManager(nc)
+      const names: Array<string> = []
+      for await (const info of jsm.streams.list()) names.push(info.config.name)
+      expect(names).toEqual(
+        expect.arrayContaining(["MAILBOX", "OUTPUT", "LEDGER", "EVENTS", "KV_runs", "OBJ_inputs"]),
+      )
+    } finally {
+      await nc.close()
+    }
+    expect(existsSync(join(dataDir, "nats", "jetstream"))).toBe(true)
+  })
+
+  it("a second start on the same data says so and exits non-zero, leaving the first running", async () => {
+    const second = start(dataDir)
+    const code = await exited(second.child)
+    expect(code).not.toBe(0)
+    expect(second.stderr()).toMatch(/already running/i)
+    const res = await fetch(`${api}/v1/health`)
+    expect(res.status).toBe(200)
+  })
+
+  it("SIGINT stops every part: the process exits 0, nats-server is gone, the lock is released", async () => {
+    first.child.kill("SIGINT")
+    expect(await exited(first.child)).toBe(0)
+    expect(alive(natsPid)).toBe(false)
+    expect(existsSync(join(dataDir, "hangar.lock"))).toBe(false)
+    await expect(fetch(`${api}/v1/health`)).rejects.toThrow()
+  })
+})
