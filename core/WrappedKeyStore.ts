@@ -4,7 +4,7 @@
  * the real one. Values are opaque bytes already encrypted by the master key.
  */
 import { Context, Data, Effect, Layer, Option, Schema } from "effect"
-import { storageNames } from "../schema/Subjects.ts"
+import { kvKeys, storageNames } from "../schema/Subjects.ts"
 import * as Kv from "./Kv.ts"
 import type { Nats, NatsError } from "./Nats.ts"
 
@@ -53,9 +53,6 @@ export const layerMemory: Layer.Layer<WrappedKeyStore> = Layer.sync(WrappedKeySt
 /** The stored JSON value: the wrapped key in base64. */
 const StoredKey = Schema.Struct({ wrapped: Schema.Uint8ArrayFromBase64 })
 
-// datakey.<account>  (bucket `secrets`; TODO(lead): move to `kvKeys` in schema/Subjects.ts)
-const dataKeyKey = (account: string) => `datakey.${account}`
-
 const validAccount = (account: string) => /^[A-Za-z0-9_-]+$/.test(account)
 
 /**
@@ -77,7 +74,7 @@ export const makeKv = (
       get: (account) =>
         checked(account, () =>
           kv
-            .get(dataKeyKey(account))
+            .get(kvKeys.dataKey(account))
             .pipe(
               Effect.map(Option.map((entry) => entry.value.wrapped)),
               Effect.mapError(failed(account, "get")),
@@ -85,7 +82,7 @@ export const makeKv = (
         ),
       create: (account, wrapped) =>
         checked(account, () =>
-          kv.create(dataKeyKey(account), { wrapped }).pipe(
+          kv.create(kvKeys.dataKey(account), { wrapped }).pipe(
             Effect.as(true),
             Effect.catchTag("StateConflict", () => Effect.succeed(false)),
             Effect.mapError(failed(account, "create")),

@@ -204,4 +204,6 @@ export const kvKeys = {
   command: (run: string, seq: number) => `${token(run)}.${token(seq)}`,
   // <type>.<id>  (bucket `actors`)
   actor: (type: string, id: string) => `${token(type)}.${token(id)}`,
+  // datakey.<account>  (bucket `secrets`: the account's data key, wrapped by the master key)
+  dataKey: (account: string) => `datakey.${token(account)}`,
 } as const
