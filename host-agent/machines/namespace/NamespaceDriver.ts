@@ -11,9 +11,10 @@ import { closeSync, openSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
 import { join } from "node:path"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
+import * as Policy from "../../network/Policy.ts"
 import {
   limitsOf,
   type Machine,
@@ -114,7 +115,7 @@ const alive = (pid: number) => {
   }
 }
 
-const destroyNow = async (s: Settings, id: string): Promise<void> => {
+const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
   await Cgroups.killAll(s.cgroupRoot, id, s.termGraceMs)
   // The mounts lived only in the machine's mount namespace, which died with its last process; the
@@ -131,13 +132,18 @@ const destroyNow = async (s: Settings, id: string): Promise<void> => {
     await sleep(10)
   }
   await Cgroups.remove(s.cgroupRoot, id)
+  await Policy.detach(policy, Net.hostIfOf(id))
   await Net.down(id)
   await Net.release(s.runDir, id)
   for (const m of ["root/workspace", "root"]) await run("umount", ["-l", join(dir, m)]).catch(() => undefined)
   await fs.rm(dir, { recursive: true, force: true })
 }
 
-const createNow = async (s: Settings, spec: MachineSpec): Promise<Machine> => {
+const createNow = async (
+  s: Settings,
+  policy: Policy.PolicySettingsValue,
+  spec: MachineSpec,
+): Promise<Machine> => {
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
@@ -150,6 +156,8 @@ const createNow = async (s: Settings, spec: MachineSpec): Promise<Machine> => {
     step = "network"
     const net = await Net.lease(s.runDir, s.addressPool, spec.id)
     await Net.up(net)
+    step = "policy"
+    await Policy.attach(policy, { iface: net.hostIf, guestAddress: net.guestAddress })
 
     step = "ssh"
     const hostKey = ssh2.utils.parseKey(spec.hostKey)
@@ -213,17 +221,21 @@ const createNow = async (s: Settings, spec: MachineSpec): Promise<Machine> => {
     }
   } catch (e) {
     const detail = e instanceof Error ? e.message : String(e)
-    if (step !== "folder" || !detail.includes("EEXIST")) await destroyNow(s, spec.id).catch(() => undefined)
+    if (step !== "folder" || !detail.includes("EEXIST"))
+      await destroyNow(s, policy, spec.id).catch(() => undefined)
     throw new MachineCreateFailed({ id: spec.id, step, detail })
   }
 }
 
-/** The driver with the given settings. */
-export const make = (s: Settings): MachineDriverService => ({
+/** The driver with the given settings; machine networks follow `policy` (the defaults unless given). */
+export const make = (
+  s: Settings,
+  policy: Policy.PolicySettingsValue = Policy.PolicySettings.defaults,
+): MachineDriverService => ({
   kind: "namespace",
   create: (spec) =>
     Effect.tryPromise({
-      try: () => createNow(s, spec),
+      try: () => createNow(s, policy, spec),
       catch: (e) =>
         e instanceof MachineCreateFailed
           ? e
@@ -231,10 +243,21 @@ export const make = (s: Settings): MachineDriverService => ({
     }).pipe(Effect.withSpan("NamespaceDriver.create")),
   destroy: (id) =>
     Effect.tryPromise({
-      try: () => destroyNow(s, id),
+      try: () => destroyNow(s, policy, id),
       catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
     }),
 })
 
 /** The namespace driver as the host's MachineDriver. */
-export const layer = Layer.effect(MachineDriver, Effect.map(NamespaceDriverSettings.Tag, make))
+export const layer = Layer.effect(
+  MachineDriver,
+  Effect.gen(function* () {
+    const s = yield* NamespaceDriverSettings.Tag
+    // Optional, so hosts that do not configure the network policy get its defaults.
+    const policy = yield* Effect.serviceOption(Policy.PolicySettings.Tag)
+    return make(
+      s,
+      Option.getOrElse(policy, () => Policy.PolicySettings.defaults),
+    )
+  }),
+)
