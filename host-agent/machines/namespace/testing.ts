@@ -4,6 +4,7 @@ import { randomBytes } from "node:crypto"
 import { readdir, readFile, stat } from "node:fs/promises"
 import { join } from "node:path"
 import ssh2 from "ssh2"
+import * as Policy from "../../network/Policy.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
 import { NamespaceDriverSettings } from "./NamespaceDriver.ts"
@@ -37,6 +38,7 @@ export const leftovers = async (id: string): Promise<Array<string>> => {
   if (links.includes(Net.hostIfOf(id))) found.push(`veth ${Net.hostIfOf(id)}`)
   if ((await run("ip", ["netns", "list"])).includes(Net.netnsOf(id))) found.push(`netns ${Net.netnsOf(id)}`)
   if (await exists(join(s.runDir, "net", "by-id", id))) found.push("network lease")
+  found.push(...(await Policy.traces(Policy.PolicySettings.defaults, Net.hostIfOf(id))))
   const loops = await run("losetup", ["-a"])
   if (loops.includes(dir)) found.push(`loop device: ${loops.trim()}`)
   // Mounts and processes: look through every process's view of the mounts and its command line.
