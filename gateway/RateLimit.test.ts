@@ -1,0 +1,57 @@
+import { describe, expect, it } from "vitest"
+import { Buckets, keyOf } from "./RateLimit.ts"
+
+describe("token buckets", () => {
+  it("a fresh credential gets exactly `burst` requests, the next waits for a token", () => {
+    const buckets = new Buckets(2, 5)
+    for (let i = 0; i < 5; i++) expect(buckets.take("k", 1_000)).toBe(0)
+    // One token refills in 0.5 s at 2/s: Retry-After rounds up to whole seconds.
+    expect(buckets.take("k", 1_000)).toBe(1)
+    expect(buckets.take("other", 1_000)).toBe(0)
+  })
+
+  it("refills at `perSecond` and never above `burst`", () => {
+    const buckets = new Buckets(2, 5)
+    for (let i = 0; i < 5; i++) buckets.take("k", 0)
+    expect(buckets.take("k", 499)).toBe(1)
+    expect(buckets.take("k", 500)).toBe(0)
+    expect(buckets.take("k", 500)).toBe(1)
+    // An hour idle still leaves only `burst` tokens.
+    const later = 3_600_000
+    for (let i = 0; i < 5; i++) expect(buckets.take("k", later)).toBe(0)
+    expect(buckets.take("k", later)).toBe(1)
+  })
+
+  it("Retry-After is the whole seconds until one token is back", () => {
+    const slow = new Buckets(0.1, 1)
+    expect(slow.take("k", 0)).toBe(0)
+    expect(slow.take("k", 0)).toBe(10)
+    expect(slow.take("k", 4_000)).toBe(6)
+  })
+
+  it("sweep drops buckets that are full again and keeps the others", () => {
+    const buckets = new Buckets(1, 2)
+    buckets.take("a", 0)
+    buckets.take("b", 0)
+    buckets.take("b", 0)
+    buckets.sweep(1_000)
+    expect(buckets.size).toBe(1)
+    buckets.sweep(2_000)
+    expect(buckets.size).toBe(0)
+  })
+})
+
+describe("bucket keys", () => {
+  it("a bearer token is keyed by its SHA-256, never by its text", () => {
+    const key = keyOf("Bearer hgr_secret", "127.0.0.1")
+    expect(key).toMatch(/^tok:[A-Za-z0-9_-]{43}$/)
+    expect(key).not.toContain("hgr_secret")
+    expect(keyOf("bearer hgr_secret", "10.0.0.9")).toBe(key)
+    expect(keyOf("Bearer hgr_other", "127.0.0.1")).not.toBe(key)
+  })
+
+  it("without a bearer token the client address is the key", () => {
+    expect(keyOf(undefined, "127.0.0.1")).toBe("ip:127.0.0.1")
+    expect(keyOf("Basic abc", "::1")).toBe("ip:::1")
+  })
+})

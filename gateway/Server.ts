@@ -1,0 +1,237 @@
+/**
+ * The gateway's HTTP server: one uWS app whose single catch-all handler routes every request
+ * through the route table and runs the handler as an Effect fiber on the layer's runtime.
+ *
+ * Per request, synchronously inside uWS's callback (uWS's `HttpRequest` dies when it returns):
+ * `onAborted` is registered first, headers/path/query are copied, the rate limit is taken, the
+ * route is matched and, for routes with a body, `onData` is attached. Then a fiber runs decode →
+ * handler → write. A client abort interrupts that fiber; nothing is written afterwards.
+ *
+ * Every error leaves as `{error, code}` with the status of `schema/Errors.ts`. An `ApiError`
+ * keeps its code; any other failure or defect becomes `500 internal` with a fixed message, and the
+ * cause is logged with the request id (never sent). One access line is logged per request.
+ *
+ * Content type: a JSON route refuses a body that is not `application/json` with
+ * `400 invalid_request` naming `content-type` (the contract has no 415 code, and clients switch
+ * on codes), before reading the body.
+ */
+
+import uWS from "uWebSockets.js"
+import type { Fiber, Scope } from "effect"
+import { Cause, Context, Effect, FiberId, FiberSet, Layer, Option } from "effect"
+import { defineSettings, env } from "../core/Config.ts"
+import { decodeBody, decodeJsonBody } from "../schema/Decode.ts"
+import { ApiError } from "../schema/Errors.ts"
+import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
+import { keyOf, RateLimit } from "./RateLimit.ts"
+import { parseQuery, readHeaders, requestIdOf } from "./Request.ts"
+import type { Reply } from "./Response.ts"
+import { abort, Exchange, error as errorReply, writeStream, writeWhole } from "./Response.ts"
+import * as Router from "./Router.ts"
+
+/** HTTP settings: `HANGAR_HTTP_ADDR` is `host:port` (`[v6]:port` for IPv6); port 0 picks a free one. */
+export const HttpSettings = defineSettings("gateway/HttpSettings", { addr: "127.0.0.1:8080" }, (d) => ({
+  addr: env.string("HTTP_ADDR", d.addr),
+}))
+
+/** The running server: where it listens (the real port when the settings said 0). */
+export class Server extends Context.Tag("gateway/Server")<
+  Server,
+  { readonly host: string; readonly port: number; readonly url: string }
+>() {}
+
+/** A listen address that could not be parsed or bound. */
+export class ListenError extends Error {
+  readonly _tag = "ListenError"
+}
+
+/** Splits `host:port` / `[v6]:port`; a defect on a malformed address (settings are checked at start). */
+export const parseAddr = (addr: string): { readonly host: string; readonly port: number } => {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(addr)
+  const port = m ? Number(m[3]) : Number.NaN
+  if (!m || port > 65535) throw new ListenError(`HANGAR_HTTP_ADDR ${addr}: expected host:port`)
+  return { host: m[1] ?? m[2] ?? "", port }
+}
+
+const internalError = ApiError.internal()
+const text = new TextDecoder()
+
+interface Compiled {
+  readonly query: ((raw: unknown) => Effect.Effect<unknown, ApiError>) | undefined
+  readonly body: ((text: string) => Effect.Effect<unknown, ApiError>) | undefined
+}
+
+// Query failures say "query" so a caller does not look for the field in the body.
+const queryDecoder = (schema: Router.InputSchema<unknown>) => {
+  const decode = decodeBody(schema)
+  return (raw: unknown) =>
+    Effect.mapError(decode(raw), (e) => ApiError.invalidRequest(`query ${e.message.replace(/^body: /, "")}`))
+}
+
+// The reply for a failed request: its ApiError, or a logged, detail-free 500. An interruption
+// alone (the client went away, or shutdown) stays an interruption: nobody is there to answer.
+const replyForCause = (cause: Cause.Cause<unknown>): Effect.Effect<Reply> => {
+  if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
+  const failure = Cause.failureOption(cause)
+  if (Option.isSome(failure) && failure.value instanceof ApiError) {
+    return Effect.succeed(errorReply(failure.value))
+  }
+  return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
+}
+
+/** Starts the server for `routes`, listening until the layer's scope closes. */
+export const make = <R>(
+  routes: ReadonlyArray<Router.Route<R>>,
+): Effect.Effect<
+  Context.Tag.Service<Server>,
+  ListenError,
+  R | RateLimit | "gateway/HttpSettings" | Scope.Scope
+> =>
+  Effect.gen(function* () {
+    const settings = yield* HttpSettings.Tag
+    const { host, port } = yield* Effect.try({
+      try: () => parseAddr(settings.addr),
+      catch: (e) => e as ListenError,
+    })
+    const rateLimit = yield* RateLimit
+    // Handler fibers belong to this set: closing the layer interrupts the ones still running.
+    const run = yield* FiberSet.makeRuntime<R>()
+    const router = Router.make(routes)
+    const compiled = new Map<Router.Route<R>, Compiled>()
+    for (const r of routes) {
+      compiled.set(r, {
+        query: r.query ? queryDecoder(r.query) : undefined,
+        body: r.body ? decodeJsonBody(r.body) : undefined,
+      })
+    }
+
+    const handle = (res: uWS.HttpResponse, req: uWS.HttpRequest): void => {
+      const started = performance.now()
+      let fiber: Fiber.RuntimeFiber<void, unknown> | undefined
+      let exchange: Exchange | undefined
+      res.onAborted(() => {
+        // Our own close (a stream that failed midway) also lands here: that fiber has work left.
+        if (!exchange || exchange.ended) return
+        exchange.aborted = true
+        fiber?.unsafeInterruptAsFork(FiberId.none)
+      })
+      const headers = readHeaders(req)
+      const method = req.getMethod().toUpperCase()
+      const path = req.getUrl()
+      const rawQuery = req.getQuery() ?? ""
+      const ex = new Exchange(requestIdOf(headers["x-request-id"]))
+      exchange = ex
+      const remoteAddress = Buffer.from(res.getRemoteAddressAsText()).toString()
+      const match = router.match(method, path)
+
+      // Decided before the fiber starts, because onData must be attached now or never.
+      let early: Reply | undefined
+      let body: BodySource | undefined
+      const retryAfter = rateLimit.take(keyOf(headers.authorization, remoteAddress))
+      if (retryAfter > 0) {
+        early = errorReply(ApiError.rateLimited(), { "retry-after": String(retryAfter) })
+      } else if (match._tag === "NotFound") {
+        early = errorReply(ApiError.notFound())
+      } else if (match._tag === "MethodNotAllowed") {
+        early = errorReply(ApiError.methodNotAllowed(method), { allow: match.allow.join(", ") })
+      } else if (match.route.body || match.route.stream) {
+        const limit = match.route.bodyLimit ?? JSON_LIMIT
+        const length = headers["content-length"]
+        if (match.route.body && !isJson(headers["content-type"])) {
+          early = errorReply(ApiError.invalidRequest("content-type: must be application/json"))
+        } else if (length !== undefined && Number(length) > limit) {
+          early = errorReply(ApiError.payloadTooLarge(limit))
+        } else {
+          body = new BodySource(res, ex, limit)
+        }
+      }
+
+      const routeName = match._tag === "Found" ? match.route.path : "-"
+      const program: Effect.Effect<Reply, unknown, R> =
+        early !== undefined || match._tag !== "Found"
+          ? Effect.succeed(early!)
+          : Effect.gen(function* () {
+              const r = match.route
+              const c = compiled.get(r)!
+              const raw = parseQuery(rawQuery)
+              const query = c.query ? yield* c.query(raw) : raw
+              const value = r.stream
+                ? body!.stream
+                : c.body
+                  ? yield* Effect.flatMap(body!.readAll, (bytes) => c.body!(text.decode(bytes)))
+                  : undefined
+              return yield* r.handler({
+                method,
+                path,
+                route: r.path,
+                params: match.params,
+                query,
+                body: value,
+                headers,
+                requestId: ex.requestId,
+                remoteAddress,
+              })
+            })
+
+      // Written from the fiber. A stream failing midway has closed the connection; it is logged.
+      const send = (reply: Reply): Effect.Effect<void> => {
+        if (reply._tag !== "Stream") {
+          writeWhole(res, ex, reply)
+          return Effect.void
+        }
+        return Effect.catchAllCause(writeStream(res, ex, reply), (cause) =>
+          Cause.isInterruptedOnly(cause)
+            ? Effect.failCause(cause as Cause.Cause<never>)
+            : Effect.logError("response stream failed", cause),
+        )
+      }
+      const full = Effect.matchCauseEffect(program, {
+        onSuccess: send,
+        onFailure: (cause) => Effect.flatMap(replyForCause(cause), send),
+      }).pipe(
+        Effect.ensuring(
+          Effect.suspend(() => {
+            // Interrupted without a client abort (shutdown): close rather than leave it hanging.
+            if (ex.open) abort(res, ex)
+            return Effect.annotateLogs(Effect.logInfo("request"), {
+              method,
+              route: routeName,
+              status: ex.aborted && ex.status === 0 ? 499 : ex.status,
+              ms: Math.round((performance.now() - started) * 100) / 100,
+              bytes: ex.bytes,
+              ...(ex.aborted ? { aborted: true } : {}),
+            })
+          }),
+        ),
+        Effect.annotateLogs("request_id", ex.requestId),
+      )
+      fiber = run(full, { immediate: true })
+      if (fiber.unsafePoll() !== null) fiber = undefined
+    }
+
+    const app = uWS.App()
+    app.any("/*", handle)
+
+    const listenSocket = yield* Effect.acquireRelease(
+      Effect.async<uWS.us_listen_socket, ListenError>((resume) => {
+        app.listen(host, port, (socket) => {
+          resume(
+            socket
+              ? Effect.succeed(socket)
+              : Effect.fail(new ListenError(`cannot listen on ${settings.addr}`)),
+          )
+        })
+      }),
+      (socket) => Effect.sync(() => uWS.us_listen_socket_close(socket)),
+    )
+    const bound = uWS.us_socket_local_port(listenSocket as unknown as uWS.us_socket)
+    const url = `http://${host.includes(":") ? `[${host}]` : host}:${bound}`
+    yield* Effect.logInfo("gateway listening").pipe(Effect.annotateLogs({ url }))
+    return { host, port: bound, url }
+  })
+
+/** The server as a layer over `routes`; handlers get their services `R` from the layer's context. */
+export const layer = <R>(
+  routes: ReadonlyArray<Router.Route<R>>,
+): Layer.Layer<Server, ListenError, R | RateLimit | "gateway/HttpSettings"> =>
+  Layer.scoped(Server, make(routes))
