@@ -8,6 +8,7 @@
  * memory cgroup below the machine's, so an OOM kill is attributed to the command that caused it
  * and cancelling (interrupting the effect) kills every process it started, wherever they went.
  */
+import { constants } from "node:os"
 import { posix } from "node:path"
 import type { Scope } from "effect"
 import { Data, Effect } from "effect"
@@ -82,7 +83,42 @@ export interface GuestSession {
   readonly edit: (args: Files.EditArgs) => Effect.Effect<Files.EditResult, GuestUnavailable>
   /** Lists a folder (1,000 entries at most, links skipped). */
   readonly list: (args: Files.ListArgs) => Effect.Effect<Files.ListResult, GuestUnavailable>
+  /**
+   * A raw exec channel on the session's connection (optionally with a PTY), for the run-level work
+   * in `Setup`, `Inputs`, `Outputs`, `Transfer` and `Terminal`; the caller ends or closes it.
+   */
+  readonly channel: (
+    command: string,
+    options?: ssh2.ExecOptions,
+  ) => Effect.Effect<RawChannel, GuestUnavailable>
 }
+
+/** How a raw channel's program ended: its exit code, or 128 + the signal's number when a signal ended it. */
+export interface ChannelExit {
+  readonly code: number
+  readonly signal?: string
+}
+
+/** A raw exec channel and its ending (code -1 when the guest sent no status). */
+export interface RawChannel {
+  readonly channel: ClientChannel
+  readonly exit: Promise<ChannelExit>
+}
+
+// Listens at once, in the exec callback: a short program's status and close can arrive in the same
+// read as the exec's confirmation, before any later listener is attached.
+const exitOf = (ch: ClientChannel): Promise<ChannelExit> =>
+  new Promise((ok) => {
+    let status: ChannelExit = { code: -1 }
+    ch.on("exit", (code: number | null, signal?: string) => {
+      if (typeof code === "number") status = { code }
+      else if (signal) {
+        const n = (constants.signals as Record<string, number | undefined>)[`SIG${signal}`] ?? 0
+        status = { code: 128 + n, signal }
+      }
+    })
+    ch.on("close", () => ok(status))
+  })
 
 // The fixed program every `bash` command runs. Its arguments come on stdin, NUL-separated (cgroup
 // slot, workdir, command, then NAME=value pairs), so nothing is quoted and the size is not bounded
@@ -304,5 +340,15 @@ export const connect = (
       write: files(Files.write),
       edit: files(Files.edit),
       list: files(Files.list),
+      channel: (command, options = {}) =>
+        Effect.tryPromise({
+          try: () =>
+            new Promise<RawChannel>((ok, fail) =>
+              client.exec(command, options, (err, ch) =>
+                err ? fail(err) : ok({ channel: ch, exit: exitOf(ch) }),
+              ),
+            ),
+          catch: unavailable,
+        }),
     } satisfies GuestSession
   })

@@ -1,0 +1,140 @@
+import { spawnSync } from "node:child_process"
+import { createHash } from "node:crypto"
+import { Chunk, Effect, Option, Stream } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { SealStream } from "../../core/SealStream.ts"
+import { uniqueName } from "../../test/harness/names.ts"
+import { type Compressor, checkManifest, pack } from "./Outputs.ts"
+import { storageRuntime, store, type TestGuest, testGuest } from "./testing.ts"
+
+const ACC = "acc_0000000000000000000000000b"
+let t: TestGuest
+const runtime = storageRuntime()
+
+beforeAll(async () => {
+  t = await testGuest("out")
+}, 15 * 60_000)
+
+afterAll(async () => {
+  await runtime.dispose()
+  expect(await t.close()).toEqual([])
+})
+
+const sh = async (command: string) => (await Effect.runPromise(t.guest.bash({ command }))).output
+
+// Packs the output, then reads the stored object back through SealStream open.
+const packAndOpen = (compressor?: Compressor) =>
+  runtime.runPromise(
+    Effect.gen(function* () {
+      const outputs = yield* store("outputs")
+      const seal = yield* SealStream
+      const name = uniqueName("run")
+      const packed = yield* pack(
+        t.guest,
+        { store: outputs, account: ACC, name },
+        compressor ? { compressor } : {},
+      )
+      const found = Option.getOrThrow(yield* outputs.get(name))
+      const opened = Buffer.concat(
+        Chunk.toReadonlyArray(yield* Stream.runCollect(found.data.pipe(seal.open(ACC, name)))),
+      )
+      return { packed, opened }
+    }),
+  )
+
+const tarList = (archive: Buffer) => {
+  const r = spawnSync("tar", ["-tzf", "-"], { input: archive })
+  expect(r.status).toBe(0)
+  return r.stdout
+    .toString("utf8")
+    .split("\n")
+    .filter((l) => l !== "")
+    .sort()
+}
+
+describe("outputs", () => {
+  it("an empty or absent /workspace/out packs to an empty archive", async () => {
+    await sh("rm -rf /workspace/out")
+    const { packed, opened } = await packAndOpen()
+    expect(packed.file_count).toBe(0)
+    expect(packed.files).toEqual([])
+    expect(packed.bytes).toBe(opened.length)
+    expect(packed.sha256).toBe(createHash("sha256").update(opened).digest("hex"))
+    expect(tarList(opened)).toEqual(["./"])
+  })
+
+  it("nested files: listed with sizes, archived whole, hashed as stored", async () => {
+    await sh(
+      "rm -rf /workspace/out; mkdir -p /workspace/out/a/b /workspace/out/empty; echo hi > /workspace/out/a/b/c.txt; head -c 70000 /dev/urandom > /workspace/out/r.bin; echo top > '/workspace/out/with space'",
+    )
+    for (const compressor of ["guest", "host"] as const) {
+      const { packed, opened } = await packAndOpen(compressor)
+      expect(packed.files).toEqual([
+        { path: "a", bytes: 0, dir: true },
+        { path: "a/b", bytes: 0, dir: true },
+        { path: "a/b/c.txt", bytes: 3, dir: false },
+        { path: "empty", bytes: 0, dir: true },
+        { path: "r.bin", bytes: 70000, dir: false },
+        { path: "with space", bytes: 4, dir: false },
+      ])
+      expect(packed.file_count).toBe(6)
+      expect(packed.bytes).toBe(opened.length)
+      expect(packed.sha256).toBe(createHash("sha256").update(opened).digest("hex"))
+      expect(opened[0]).toBe(0x1f)
+      expect(tarList(opened)).toEqual([
+        "./",
+        "./a/",
+        "./a/b/",
+        "./a/b/c.txt",
+        "./empty/",
+        "./r.bin",
+        "./with space",
+      ])
+      const r = spawnSync("bash", ["-c", "tar -xzOf - ./r.bin | sha256sum"], { input: opened })
+      expect(r.stdout.toString().slice(0, 64)).toBe(
+        (await sh("sha256sum < /workspace/out/r.bin")).slice(0, 64),
+      )
+    }
+  })
+
+  it("lists 1,000 of 1,001 files and counts all of them", async () => {
+    await sh(
+      "rm -rf /workspace/out; mkdir -p /workspace/out; cd /workspace/out; for i in $(seq -w 1 1001); do echo $i > f$i; done",
+    )
+    const { packed, opened } = await packAndOpen()
+    expect(packed.file_count).toBe(1001)
+    expect(packed.files).toHaveLength(1000)
+    expect(packed.files[0]).toEqual({ path: "f0001", bytes: 5, dir: false })
+    expect(packed.files[999]?.path).toBe("f1000")
+    expect(tarList(opened)).toHaveLength(1002)
+  })
+
+  it("reports output manifest problems, with max_bytes checked at the boundary", async () => {
+    await sh(
+      "rm -rf /workspace/out; mkdir -p /workspace/out/data; head -c 100 /dev/zero > /workspace/out/report.txt; head -c 50 /dev/zero > /workspace/out/data/x; ln -s report.txt /workspace/out/link",
+    )
+    const check = (manifest: ReadonlyArray<{ path: string; max_bytes: number }>) =>
+      Effect.runPromise(checkManifest(t.guest, manifest))
+    expect(
+      await check([
+        { path: "report.txt", max_bytes: 100 },
+        { path: "data/", max_bytes: 50 },
+      ]),
+    ).toEqual([])
+    expect(
+      await check([
+        { path: "report.txt", max_bytes: 99 },
+        { path: "data/", max_bytes: 49 },
+        { path: "summary.md", max_bytes: 10 },
+        { path: "charts/", max_bytes: 10 },
+        { path: "link", max_bytes: 1000 },
+      ]),
+    ).toEqual([
+      { path: "report.txt", detail: "report.txt: is 100 bytes, more than its max_bytes 99" },
+      { path: "data/", detail: "data/: holds 50 bytes, more than its max_bytes 49" },
+      { path: "summary.md", detail: "summary.md: missing" },
+      { path: "charts/", detail: "charts/: folder missing" },
+      { path: "link", detail: "link: is a link, not a file" },
+    ])
+  })
+})

@@ -1,0 +1,100 @@
+/** Helpers for tests of the guest's run-level work: one real machine and session, real storage. */
+import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import * as Keyring from "../../core/Keyring.ts"
+import * as MasterKey from "../../core/MasterKey.ts"
+import * as ObjectStore from "../../core/ObjectStore.ts"
+import * as SealStream from "../../core/SealStream.ts"
+import { Storage } from "../../core/Storage.ts"
+import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
+import { layerAll } from "../../test/harness/NatsServer.ts"
+import { ensureTestBase } from "../bases/Bases.ts"
+import type { Machine, Size } from "../machines/MachineDriver.ts"
+import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
+import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
+import { connect, type GuestSession } from "./GuestSession.ts"
+import { BLOCK, header, paxHeader } from "./Tar.ts"
+
+/** A machine with its session; `close` destroys it and returns what it left behind (should be nothing). */
+export interface TestGuest {
+  readonly machine: Machine
+  readonly guest: GuestSession
+  readonly close: () => Promise<ReadonlyArray<string>>
+}
+
+/** Makes a size `s` machine (with test overrides) and connects to it. */
+export const testGuest = async (
+  label: string,
+  override: Partial<Pick<Size, "memoryBytes" | "diskBytes">> = {},
+): Promise<TestGuest> => {
+  const base = await ensureTestBase()
+  const driver = make(NamespaceDriverSettings.defaults)
+  const keys = newKeys()
+  const id = testId(label)
+  const scope = Effect.runSync(Scope.make())
+  const made = await Effect.runPromiseExit(
+    Scope.extend(
+      Effect.gen(function* () {
+        const machine = yield* Effect.acquireRelease(
+          driver.create({
+            id,
+            size: "s",
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+            override: { memoryBytes: 512 * 1024 * 1024, ...override },
+          }),
+          (m) => Effect.orDie(driver.destroy(m.id)),
+        )
+        const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+        return { machine, guest }
+      }),
+      scope,
+    ),
+  )
+  const close = async () => {
+    await Effect.runPromise(Scope.close(scope, Exit.void))
+    return leftovers(id)
+  }
+  if (Exit.isFailure(made)) {
+    await close()
+    throw new Error(String(made.cause))
+  }
+  return { ...made.value, close }
+}
+
+/** Storage on a fresh nats-server plus `SealStream` with an in-memory master key. */
+export const storageRuntime = () =>
+  ManagedRuntime.make(
+    Layer.merge(
+      layerAll(),
+      SealStream.layer.pipe(
+        Layer.provide(Keyring.layer),
+        Layer.provide(Layer.merge(MasterKey.layerMemory(), WrappedKeyStore.layerMemory)),
+      ),
+    ),
+  )
+
+/** The typed view of one object store of the test storage. */
+export const store = (bucket: "inputs" | "outputs" | "files") =>
+  Effect.flatMap(Storage, (s) => ObjectStore.make(s.names.objects[bucket].name))
+
+const pad = (n: number) => Buffer.alloc((BLOCK - (n % BLOCK)) % BLOCK)
+
+/** One archive entry: a header (with an optional PAX header before it) and its padded data. */
+export const entry = (
+  name: string,
+  type: string,
+  data: Buffer = Buffer.alloc(0),
+  extra: Partial<Parameters<typeof header>[0]> = {},
+  pax?: Record<string, string>,
+) =>
+  Buffer.concat([
+    ...(pax ? [paxHeader(pax)] : []),
+    header({ name, type, size: type === "0" ? data.length : 0, ...extra }),
+    data,
+    pad(data.length),
+  ])
+
+/** Entries followed by the two closing blocks. */
+export const archive = (...entries: ReadonlyArray<Buffer>) =>
+  Buffer.concat([...entries, Buffer.alloc(2 * BLOCK)])
