@@ -1,0 +1,75 @@
+/**
+ * A machine's disks. The base becomes an ext4 image once (cached as
+ * `<cacheDir>/bases/<base>-<path hash>.ext4`, read-only, never written again); each machine's root
+ * disk is a qcow2 overlay backed by it, so the machine's writes land only in its own folder. The
+ * `/workspace` disk is a sparse ext4 image of the size's capacity, so a full disk is a real ENOSPC
+ * in the guest.
+ */
+import { createHash } from "node:crypto"
+import { chmod, mkdir, open, rename, rm, stat, truncate } from "node:fs/promises"
+import { basename, dirname, join, resolve } from "node:path"
+import { run } from "../namespace/exec.ts"
+import { withLock } from "./Kernel.ts"
+
+const exists = (path: string) =>
+  stat(path).then(
+    () => true,
+    () => false,
+  )
+
+const mkfs = (image: string, extra: ReadonlyArray<string>) =>
+  run("mkfs.ext4", [
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-E",
+    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+    ...extra,
+    image,
+  ])
+
+const sparseFile = async (path: string, bytes: number) => {
+  const fd = await open(path, "wx")
+  await fd.close()
+  await truncate(path, bytes)
+}
+
+/** The read-only ext4 image of the base folder `rootfs`, made on first use; its path. */
+export const baseImage = async (cacheDir: string, rootfs: string, headroomBytes: number): Promise<string> => {
+  const folder = resolve(rootfs)
+  const name = basename(folder) === "rootfs" ? basename(dirname(folder)) : basename(folder)
+  const hash = createHash("sha256").update(folder).digest("hex").slice(0, 8)
+  const dir = join(cacheDir, "bases")
+  const image = join(dir, `${name}-${hash}.ext4`)
+  if (await exists(image)) return image
+  await mkdir(dir, { recursive: true })
+  return withLock(join(dir, `.lock-${name}-${hash}`), async () => {
+    if (await exists(image)) return image
+    const used = Number((await run("du", ["-sb", folder])).split("\t")[0])
+    // The root filesystem's free space is what the machine may add outside /workspace.
+    const bytes = Math.ceil((used * 1.3 + headroomBytes) / 4096) * 4096
+    const tmp = `${image}.tmp-${process.pid}`
+    await rm(tmp, { force: true })
+    try {
+      await sparseFile(tmp, bytes)
+      await mkfs(tmp, ["-L", "hangar-root", "-d", folder])
+      await chmod(tmp, 0o444)
+      await rename(tmp, image)
+    } catch (e) {
+      await rm(tmp, { force: true })
+      throw e
+    }
+    return image
+  })
+}
+
+/** A copy-on-write root disk at `path` over the base image. */
+export const overlay = (path: string, base: string) =>
+  run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, path])
+
+/** An empty ext4 `/workspace` disk of `bytes` at `path` (sparse: only what is written takes space). */
+export const workspace = async (path: string, bytes: number) => {
+  await sparseFile(path, bytes)
+  await mkfs(path, ["-L", "workspace"])
+}

@@ -1,0 +1,320 @@
+/**
+ * The `qemu` machine driver: a machine is a QEMU microVM booting Debian's cloud kernel with a tiny
+ * init (no systemd). Its root disk is a qcow2 overlay over a read-only ext4 image of the base, its
+ * `/workspace` a sparse ext4 disk of the size's capacity, its keys ride in an archive appended to
+ * the initramfs, and its network is QEMU's user network with `restrict=on` (no way out) and only
+ * the SSH port forwarded to a loopback port of the host. KVM is used where the kernel boots on it,
+ * TCG otherwise (see `Accel.ts`). Everything a machine owns is in its folder and its one process.
+ *
+ * Not done yet: a tap device with the host's nftables policy (the production network), and running
+ * QEMU as an unprivileged user in a sandbox.
+ */
+import { spawn } from "node:child_process"
+import { closeSync, openSync } from "node:fs"
+import * as fs from "node:fs/promises"
+import { connect, createServer } from "node:net"
+import { join } from "node:path"
+import { Config, Effect, Layer } from "effect"
+import ssh2 from "ssh2"
+import { defineSettings, env } from "../../../core/Config.ts"
+import {
+  limitsOf,
+  type Machine,
+  MachineCreateFailed,
+  MachineDestroyFailed,
+  MachineDriver,
+  type MachineDriverService,
+  type MachineSpec,
+  type Size,
+} from "../MachineDriver.ts"
+import * as Accel from "./Accel.ts"
+import * as Disks from "./Disks.ts"
+import { configArchive } from "./Init.ts"
+import * as Kernel from "./Kernel.ts"
+
+const GiB = 1024 ** 3
+
+/** Where the driver keeps machines and caches, and how it runs QEMU. */
+export const QemuDriverSettings = defineSettings(
+  "host-agent/QemuDriver",
+  {
+    machinesDir: "/var/lib/hangar/vms",
+    /** Kernels, initramfs and base images, shared by every checkout on the host. */
+    cacheDir: "/var/cache/hangar/qemu",
+    qemu: "qemu-system-x86_64",
+    /** A static busybox (Debian's `busybox-static`), the initramfs's only program. */
+    busybox: "/bin/busybox",
+    /** The Debian kernel package (a metapackage is followed to its versioned kernel). */
+    kernelPackage: "linux-image-cloud-amd64",
+    /** `auto` probes KVM once per driver and falls back to TCG. */
+    accel: "auto" as "auto" | Accel.Accel,
+    kvmDevice: "/dev/kvm",
+    probeTimeoutMs: 10_000,
+    /** Free space of the root filesystem beyond the base (the image is sparse). */
+    rootHeadroomBytes: 4 * GiB,
+    termGraceMs: 2000,
+    readyTimeoutMs: 60_000,
+  },
+  (d) => ({
+    machinesDir: env.string("QEMU_MACHINES_DIR", d.machinesDir),
+    cacheDir: env.string("QEMU_CACHE_DIR", d.cacheDir),
+    qemu: env.string("QEMU_BINARY", d.qemu),
+    kernelPackage: env.string("QEMU_KERNEL_PACKAGE", d.kernelPackage),
+    accel: Config.literal("auto", "kvm", "tcg")("HANGAR_QEMU_ACCEL").pipe(Config.withDefault(d.accel)),
+    termGraceMs: env.integer("MACHINE_TERM_GRACE_MS", d.termGraceMs),
+    readyTimeoutMs: env.integer("QEMU_READY_TIMEOUT_MS", d.readyTimeoutMs),
+  }),
+)
+type Settings = typeof QemuDriverSettings.defaults
+
+const ID = /^[a-z0-9_]{1,64}$/
+const MiB = 1024 ** 2
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+// A zombie still answers signal 0, so the process state is read too.
+const alive = async (pid: number) => {
+  const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8").catch(() => "")
+  return stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
+}
+
+/** The qemu pid recorded in machine folder `dir`, if that process still runs QEMU for it. */
+const qemuOf = async (dir: string): Promise<number | undefined> => {
+  const pid = Number(await fs.readFile(join(dir, "qemu.pid"), "utf8").catch(() => ""))
+  if (!Number.isInteger(pid) || pid <= 0) return undefined
+  // A recycled pid belongs to someone else: only a process naming this folder is ours.
+  const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")
+  return cmdline.includes(dir) && (await alive(pid)) ? pid : undefined
+}
+
+const freePort = () =>
+  new Promise<number>((ok, fail) => {
+    const server = createServer()
+    server.once("error", fail)
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address()
+      server.close(() =>
+        typeof address === "object" && address ? ok(address.port) : fail(new Error("no port")),
+      )
+    })
+  })
+
+// The port is forwarded by QEMU itself, which accepts before the guest listens; only sshd's banner
+// says the machine is up.
+const sshBanner = (port: number) =>
+  new Promise<boolean>((ok) => {
+    const socket = connect({ host: "127.0.0.1", port })
+    const finish = (up: boolean) => {
+      clearTimeout(timer)
+      socket.destroy()
+      ok(up)
+    }
+    const timer = setTimeout(() => finish(false), 2000)
+    socket.once("data", (b: Buffer) => finish(b.toString("latin1").startsWith("SSH-")))
+    socket.once("error", () => finish(false))
+    socket.once("close", () => finish(false))
+  })
+
+const tail = async (path: string) => (await fs.readFile(path, "utf8").catch(() => "")).slice(-1500)
+
+const argsOf = (
+  dir: string,
+  kernel: Kernel.Kernel,
+  accel: Accel.Accel,
+  khz: number,
+  limits: Size,
+  port: number,
+): Array<string> => {
+  const append = ["console=ttyS0", "panic=-1", "quiet", ...(accel === "tcg" ? [`tsc_early_khz=${khz}`] : [])]
+  return [
+    ...["-M", Accel.MACHINE, "-accel", accel, "-cpu", accel === "kvm" ? "host" : "max"],
+    ...["-m", String(Math.max(128, Math.floor(limits.memoryBytes / MiB))), "-smp", String(limits.vcpus)],
+    ...["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"],
+    ...["-kernel", kernel.vmlinuz, "-initrd", join(dir, "initrd.cpio"), "-append", append.join(" ")],
+    ...["-drive", `id=root,file=${join(dir, "root.qcow2")},format=qcow2,if=none`],
+    ...["-device", "virtio-blk-device,drive=root,serial=root"],
+    ...["-drive", `id=workspace,file=${join(dir, "workspace.img")},format=raw,if=none`],
+    ...["-device", "virtio-blk-device,drive=workspace,serial=workspace"],
+    ...["-netdev", `user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:${port}-:22`],
+    ...["-device", "virtio-net-device,netdev=net0"],
+    ...["-serial", `file:${join(dir, "console.log")}`],
+  ]
+}
+
+const destroyNow = async (s: Settings, id: string): Promise<void> => {
+  if (!ID.test(id)) throw new Error(`machine id must match ${ID}`)
+  const dir = join(s.machinesDir, id)
+  const pid = await qemuOf(dir)
+  if (pid !== undefined) {
+    // QEMU exits at once on SIGTERM; SIGKILL is for one that is stuck.
+    process.kill(pid, "SIGTERM")
+    const term = Date.now() + s.termGraceMs
+    while ((await alive(pid)) && Date.now() < term) await sleep(10)
+    if (await alive(pid)) process.kill(pid, "SIGKILL")
+    const kill = Date.now() + 5_000
+    while (await alive(pid)) {
+      if (Date.now() > kill) throw new Error(`qemu ${pid} survived SIGKILL`)
+      await sleep(10)
+    }
+  }
+  await fs.rm(dir, { recursive: true, force: true })
+}
+
+interface Shared {
+  readonly kernel: () => Promise<Kernel.Kernel>
+  readonly accel: (kernel: Kernel.Kernel) => Promise<Accel.Probe>
+}
+
+// Made once per driver: the kernel (fetched on first use) and the accelerator (probed once). A
+// failure is not kept, so the next machine tries again.
+const shared = (s: Settings): Shared => {
+  let kernel: Promise<Kernel.Kernel> | undefined
+  let accel: Promise<Accel.Probe> | undefined
+  const once = <A>(
+    get: () => Promise<A> | undefined,
+    set: (p: Promise<A> | undefined) => void,
+    f: () => Promise<A>,
+  ) => {
+    const p =
+      get() ??
+      f().catch((e) => {
+        set(undefined)
+        throw e
+      })
+    set(p)
+    return p
+  }
+  return {
+    kernel: () =>
+      once(
+        () => kernel,
+        (p) => {
+          kernel = p
+        },
+        () => Kernel.ensure(s.cacheDir, s.kernelPackage, s.busybox),
+      ),
+    accel: (k) =>
+      s.accel !== "auto"
+        ? Promise.resolve({ accel: s.accel, detail: "chosen by configuration" })
+        : once(
+            () => accel,
+            (p) => {
+              accel = p
+            },
+            () => Accel.probe(s.qemu, k, s.kvmDevice, s.probeTimeoutMs),
+          ),
+  }
+}
+
+const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise<Machine> => {
+  const limits = limitsOf(spec)
+  const dir = join(s.machinesDir, spec.id)
+  let step = "folder"
+  try {
+    if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
+    await fs.mkdir(s.machinesDir, { recursive: true })
+    await fs.mkdir(dir, { mode: 0o700 }) // fails if the id is in use
+
+    step = "ssh"
+    const hostKey = ssh2.utils.parseKey(spec.hostKey)
+    if (hostKey instanceof Error) throw hostKey
+    const hostPublic = `${hostKey.type} ${hostKey.getPublicSSH().toString("base64")}`
+
+    step = "kernel"
+    const kernel = await cache.kernel()
+    const accel = await cache.accel(kernel)
+    const khz = await Accel.hostKhz()
+    await fs.writeFile(
+      join(dir, "initrd.cpio"),
+      Buffer.concat([await fs.readFile(kernel.initrd), configArchive(spec.hostKey, spec.authorizedKey)]),
+      { mode: 0o600 },
+    )
+
+    step = "disks"
+    const base = await Disks.baseImage(s.cacheDir, spec.base, s.rootHeadroomBytes)
+    await Disks.overlay(join(dir, "root.qcow2"), base)
+    await Disks.workspace(join(dir, "workspace.img"), limits.diskBytes)
+
+    // The loopback port is picked free just before QEMU binds it; losing that race is retried.
+    for (let attempt = 1; ; attempt++) {
+      step = "start"
+      const port = await freePort()
+      const log = openSync(join(dir, "qemu.log"), "w")
+      const child = spawn(s.qemu, argsOf(dir, kernel, accel.accel, khz, limits, port), {
+        detached: true,
+        stdio: ["ignore", log, log],
+      })
+      closeSync(log)
+      const spawned = await new Promise<number>((ok, fail) => {
+        child.once("spawn", () => ok(child.pid ?? 0))
+        child.once("error", fail)
+      })
+      child.unref()
+      await fs.writeFile(join(dir, "qemu.pid"), `${spawned}\n`)
+
+      step = "ready"
+      const until = Date.now() + s.readyTimeoutMs
+      let up = await sshBanner(port)
+      while (!up && (await alive(spawned)) && Date.now() < until) {
+        await sleep(50)
+        up = await sshBanner(port)
+      }
+      if (up) {
+        return {
+          id: spec.id,
+          size: spec.size,
+          limits,
+          ssh: { host: "127.0.0.1", port, hostKey: hostPublic },
+          handle: {
+            pid: spawned,
+            dir,
+            port,
+            accel: accel.accel,
+            accelDetail: accel.detail,
+            kernel: kernel.package,
+          },
+        }
+      }
+      const qemuLog = await tail(join(dir, "qemu.log"))
+      if (!(await alive(spawned)) && qemuLog.includes("host forwarding") && attempt < 3) continue
+      throw new Error(
+        `sshd did not answer (${accel.accel}): qemu: ${qemuLog}\nconsole: ${await tail(join(dir, "console.log"))}`,
+      )
+    }
+  } catch (e) {
+    const detail = e instanceof Error ? e.message : String(e)
+    if (step !== "folder" || !detail.includes("EEXIST")) await destroyNow(s, spec.id).catch(() => undefined)
+    throw new MachineCreateFailed({ id: spec.id, step, detail })
+  }
+}
+
+/** The driver with the given settings. */
+export const make = (s: Settings): MachineDriverService => {
+  const cache = shared(s)
+  return {
+    kind: "qemu",
+    create: (spec) =>
+      Effect.tryPromise({
+        try: () => createNow(s, cache, spec),
+        catch: (e) =>
+          e instanceof MachineCreateFailed
+            ? e
+            : new MachineCreateFailed({ id: spec.id, step: "?", detail: String(e) }),
+      }).pipe(
+        Effect.tap((m) =>
+          Effect.logDebug("machine created").pipe(
+            Effect.annotateLogs({ machine: m.id, accel: String(m.handle.accel), port: m.ssh.port }),
+          ),
+        ),
+        Effect.withSpan("QemuDriver.create"),
+      ),
+    destroy: (id) =>
+      Effect.tryPromise({
+        try: () => destroyNow(s, id),
+        catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
+      }),
+  }
+}
+
+/** The qemu driver as the host's MachineDriver. */
+export const layer = Layer.effect(MachineDriver, Effect.map(QemuDriverSettings.Tag, make))
