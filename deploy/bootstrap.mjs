@@ -288,6 +288,9 @@ const DEBIAN_PACKAGES = [
   "openssh-client",
   "util-linux",
   "procps",
+  "qemu-system-x86",
+  "qemu-utils",
+  "busybox-static",
 ]
 
 const missingPackages = () =>
