@@ -1,0 +1,19 @@
+/**
+ * The gateway role: composes the server with every route group and its settings. `layer` is what
+ * the one-process mode (`hangar serve all`) merges with the other roles; `hangar serve gateway`
+ * runs it alone (cli/main.ts).
+ */
+import { Layer } from "effect"
+import * as Health from "./Health.ts"
+import * as RateLimit from "./RateLimit.ts"
+import * as Server from "./Server.ts"
+
+/** Every route the gateway serves; each route group contributes its `routes`. */
+export const routes = [...Health.routes]
+
+/** The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice). */
+export const layer: Layer.Layer<Server.Server, Server.ListenError> = Server.layer(routes).pipe(
+  Layer.provide(RateLimit.layer),
+  Layer.provide(RateLimit.RateLimitSettings.layerFromEnv),
+  Layer.provide(Server.HttpSettings.layerFromEnv),
+)
