@@ -126,6 +126,6 @@ describe("bootstrap nats-server step", () => {
   it("refuses an unknown step", async () => {
     const run = await bootstrap(["nats"], { HANGAR_TOOLS_DIR: await tempDir() })
     expect(run.code).toBe(2)
-    expect(run.stderr).toBe("bootstrap: unknown step nats (steps: npm, nats-server)\n")
+    expect(run.stderr).toBe("bootstrap: unknown step nats (steps: npm, nats-server, debian)\n")
   })
 })
