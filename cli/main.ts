@@ -4,6 +4,7 @@
  *
  *   hangar serve gateway|relay|actors|host-agent   one role, connecting to HANGAR_NATS_URL
  *   hangar serve all                               local nats-server + every role (npm start)
+ *   hangar admin …                                 operator commands (cli/admin.ts)
  *   hangar version
  *
  * Exit status: 0 worked, 2 wrong command, 4 anything else (the spec's CLI statuses).
@@ -20,6 +21,7 @@ import { root } from "../deploy/tools.mjs"
 import * as Gateway from "../gateway/main.ts"
 import * as HostAgent from "../host-agent/main.ts"
 import * as Relay from "../relay/main.ts"
+import * as Admin from "./admin.ts"
 
 const roles = {
   gateway: Gateway.layer,
@@ -30,6 +32,7 @@ const roles = {
 
 const usage = `usage:
   hangar serve gateway|relay|actors|host-agent|all
+  hangar admin create-account|token|suspend|reactivate …
   hangar version`
 
 const version = (): string =>
@@ -51,6 +54,9 @@ const [command, ...rest] = process.argv.slice(2)
 switch (command) {
   case "serve":
     serve(rest[0])
+    break
+  case "admin":
+    Admin.main(rest)
     break
   case "version":
     process.stdout.write(`${version()}\n`)

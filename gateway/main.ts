@@ -4,16 +4,24 @@
  * runs it alone (cli/main.ts).
  */
 import { Layer } from "effect"
+import { IssuerSettings } from "../core/LocalIssuer.ts"
+import * as Accounts from "./accounts/routes.ts"
+import * as Auth from "./auth/Auth.ts"
 import * as Health from "./Health.ts"
 import * as RateLimit from "./RateLimit.ts"
 import * as Server from "./Server.ts"
 
 /** Every route the gateway serves; each route group contributes its `routes`. */
-export const routes = [...Health.routes]
+export const routes = [...Health.routes, ...Accounts.routes]
 
-/** The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice). */
-export const layer: Layer.Layer<Server.Server, Server.ListenError> = Server.layer(routes).pipe(
+/**
+ * The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice);
+ * like every role it needs the process's NATS connection and storage.
+ */
+export const layer = Server.layer(routes).pipe(
   Layer.provide(RateLimit.layer),
   Layer.provide(RateLimit.RateLimitSettings.layerFromEnv),
   Layer.provide(Server.HttpSettings.layerFromEnv),
+  Layer.provide(Auth.layerAll),
+  Layer.provide(IssuerSettings.layerFromEnv),
 )

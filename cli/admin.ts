@@ -1,0 +1,146 @@
+/**
+ * Operator commands (`hangar admin …`). Each prints one JSON object on stdout; logs and errors go
+ * to stderr. They talk to the running stack's NATS (`HANGAR_NATS_URL`, default the local
+ * `nats://127.0.0.1:4222`) and storage (`HANGAR_STORAGE_PREFIX`), and mint tokens with the local
+ * issuer's key in the data folder (`HANGAR_OIDC_KEY_FILE`, default `.data/issuer.key`).
+ *
+ *   hangar admin create-account --name NAME --owner EMAIL   → {account, owner}
+ *   hangar admin token --email EMAIL                        → {token}
+ *   hangar admin suspend --account ID                       → {account}
+ *   hangar admin reactivate --account ID                    → {account}
+ *
+ * Exit status: 0 worked, 2 wrong command or arguments, 4 anything else.
+ */
+import { Cause, Effect, Exit, Layer, Option, Schema } from "effect"
+import { Accounts, layer as accountsLayer } from "../core/Accounts.ts"
+import * as Connected from "../core/Connected.ts"
+import { IssuerSettings, loadKey, mint } from "../core/LocalIssuer.ts"
+import * as Log from "../core/Log.ts"
+import type { AccountState } from "../schema/Account.ts"
+import { Email } from "../schema/Account.ts"
+import { AccountId } from "../schema/Ids.ts"
+
+/** Usage of the admin commands. */
+export const usage = `usage:
+  hangar admin create-account --name NAME --owner EMAIL
+  hangar admin token --email EMAIL
+  hangar admin suspend --account ID
+  hangar admin reactivate --account ID`
+
+class UsageError extends Error {}
+
+const flags = (args: ReadonlyArray<string>, allowed: ReadonlyArray<string>): Record<string, string> => {
+  const out: Record<string, string> = {}
+  for (let i = 0; i < args.length; i += 2) {
+    const name = args[i]!
+    const value = args[i + 1]
+    if (!name.startsWith("--") || !allowed.includes(name.slice(2)))
+      throw new UsageError(`unknown argument: ${name}`)
+    if (value === undefined) throw new UsageError(`${name} needs a value`)
+    out[name.slice(2)] = value
+  }
+  for (const a of allowed) if (out[a] === undefined) throw new UsageError(`--${a} is required`)
+  return out
+}
+
+const email = (value: string): string => {
+  if (!Schema.is(Email)(value)) throw new UsageError(`not an e-mail address: ${value}`)
+  return value.toLowerCase()
+}
+
+const accountId = (value: string): string => {
+  if (!Schema.is(AccountId)(value)) throw new UsageError(`not an account id: ${value}`)
+  return value
+}
+
+// NATS, the ensured storage map and the account store, all from HANGAR_* variables.
+const storeLayer = accountsLayer.pipe(Layer.provideMerge(Connected.layerFromEnv))
+
+const withStore = <A, E>(f: (accounts: Context) => Effect.Effect<A, E>) =>
+  Effect.flatMap(Accounts, f).pipe(Effect.provide(storeLayer))
+type Context = Effect.Effect.Success<typeof Accounts>
+
+const setState = (id: string, state: AccountState) =>
+  withStore((accounts) =>
+    Effect.map(accounts.setState(id, state), (a) => ({
+      account: { id: a.id, name: a.name, state: a.state },
+    })),
+  )
+
+const token = (address: string) =>
+  Effect.gen(function* () {
+    const settings = yield* IssuerSettings.Tag
+    if (settings.issuer !== "") {
+      return yield* Effect.fail(
+        new Error(
+          `people sign in with ${settings.issuer}; the local issuer is off (HANGAR_OIDC_ISSUER is set)`,
+        ),
+      )
+    }
+    const key = yield* loadKey(settings.keyFile)
+    return {
+      token: yield* mint(key, {
+        email: address,
+        audience: settings.audience,
+        ttlSeconds: settings.ttlSeconds,
+      }),
+    }
+  }).pipe(Effect.provide(IssuerSettings.layerFromEnv))
+
+/** The program of one admin command (arguments after `admin`); throws `UsageError` on bad usage. */
+const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> => {
+  const [command, ...rest] = args
+  switch (command) {
+    case "create-account": {
+      const f = flags(rest, ["name", "owner"])
+      const name = f.name!.trim()
+      if (name === "") throw new UsageError("--name must not be empty")
+      const owner = email(f.owner!)
+      return withStore((accounts) =>
+        Effect.map(accounts.createAccount(name, owner), ({ account, owner }) => ({
+          account: { id: account.id, name: account.name, state: account.state },
+          owner,
+        })),
+      )
+    }
+    case "token":
+      return token(email(flags(rest, ["email"]).email!))
+    case "suspend":
+      return setState(accountId(flags(rest, ["account"]).account!), "suspended")
+    case "reactivate":
+      return setState(accountId(flags(rest, ["account"]).account!), "active")
+    default:
+      throw new UsageError(
+        command === undefined ? "no admin command given" : `unknown admin command: ${command}`,
+      )
+  }
+}
+
+const describe = (cause: Cause.Cause<unknown>): string => {
+  const failure = Cause.failureOption(cause)
+  if (Option.isSome(failure)) {
+    const e = failure.value as { message?: unknown; _tag?: unknown }
+    if (typeof e?.message === "string" && e.message !== "") return e.message
+  }
+  return Cause.pretty(cause)
+}
+
+/** Runs `hangar admin <args>`: prints the result as JSON and exits 0, or explains and exits 2/4. */
+export const main = (args: ReadonlyArray<string>): void => {
+  let fx: Effect.Effect<unknown, unknown>
+  try {
+    fx = program(args)
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e
+    process.stderr.write(`hangar admin: ${e.message}\n${usage}\n`)
+    process.exit(2)
+  }
+  Effect.runPromiseExit(fx.pipe(Effect.provide(Log.layer))).then((exit) => {
+    if (Exit.isSuccess(exit)) {
+      process.stdout.write(`${JSON.stringify(exit.value)}\n`)
+      process.exit(0)
+    }
+    process.stderr.write(`hangar admin: ${describe(exit.cause)}\n`)
+    process.exit(4)
+  })
+}

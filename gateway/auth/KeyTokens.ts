@@ -1,0 +1,26 @@
+/**
+ * Account key tokens: `hgr_` and 32 random bytes in base64url (43 characters). Only the SHA-256
+ * (hex) of the whole token is stored; the token itself is shown once, at creation.
+ */
+import { createHash, randomBytes, timingSafeEqual } from "node:crypto"
+
+/** The prefix every key token starts with. */
+export const tokenPrefix = "hgr_"
+
+const shape = /^hgr_[A-Za-z0-9_-]{43}$/
+
+/** A fresh token. */
+export const newToken = (): string => `${tokenPrefix}${randomBytes(32).toString("base64url")}`
+
+/** Whether `token` has the shape of a key token (cheap check before any lookup). */
+export const isKeyToken = (token: string): boolean => shape.test(token)
+
+/** The stored form of a token: SHA-256, lower-case hex. */
+export const hashToken = (token: string): string => createHash("sha256").update(token).digest("hex")
+
+/** Compares two hashes in constant time (same length assumed; different lengths are unequal). */
+export const sameHash = (a: string, b: string): boolean => {
+  const x = Buffer.from(a)
+  const y = Buffer.from(b)
+  return x.length === y.length && timingSafeEqual(x, y)
+}

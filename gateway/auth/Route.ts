@@ -1,0 +1,67 @@
+/**
+ * Routes that carry their access label as data. `authRoute` declares a route like `route` plus
+ * `access` (and optionally `whileSuspended`); the server sees an ordinary route whose handler runs
+ * the auth step first, then decodes the JSON body with the route's schema, then calls the
+ * declared handler with a typed `principal`. So a request without a valid credential gets 401
+ * before its body is judged (only the framing checks of the server — content type, size, JSON
+ * syntax — come earlier, because they happen while the body is read).
+ */
+import { Effect, Schema } from "effect"
+import { decodeBody } from "../../schema/Decode.ts"
+import type { ApiError } from "../../schema/Errors.ts"
+import type { Request } from "../Request.ts"
+import type { Reply } from "../Response.ts"
+import { type InputSchema, type Method, type Params, type RawQuery, type Route, route } from "../Router.ts"
+import type { Access, PrincipalFor } from "./Access.ts"
+import { Auth } from "./Auth.ts"
+
+/** A request with its principal. */
+export type AuthedRequest<P, B, A extends Access> = Request<P, B, RawQuery> & {
+  readonly principal: PrincipalFor<A>
+}
+
+/** A route with its access label, as the server and the authorization matrix see it. */
+export type AuthRoute<R> = Route<R | Auth> & {
+  readonly access: Access
+  readonly whileSuspended: boolean
+}
+
+/** Declares a route with an access label; the handler receives `principal` typed by the label. */
+export const authRoute = <
+  const P extends string,
+  const A extends Access,
+  B = undefined,
+  E = ApiError,
+  R = never,
+>(spec: {
+  readonly method: Method
+  readonly path: P
+  readonly access: A
+  /** Whether a suspended account may use the route; default: only `GET` routes. */
+  readonly whileSuspended?: boolean
+  readonly body?: InputSchema<B>
+  readonly bodyLimit?: number
+  readonly handler: (request: AuthedRequest<Params<P>, B, A>) => Effect.Effect<Reply, E, R>
+}): AuthRoute<R> => {
+  const whileSuspended = spec.whileSuspended ?? spec.method === "GET"
+  const decode = spec.body ? decodeBody(spec.body) : undefined
+  const base = route({
+    method: spec.method,
+    path: spec.path,
+    // The server parses any JSON (framing checks); the route's schema is applied after auth.
+    ...(spec.body ? { body: Schema.Unknown } : {}),
+    ...(spec.bodyLimit !== undefined ? { bodyLimit: spec.bodyLimit } : {}),
+    handler: (request: Request<Params<P>, unknown, RawQuery>) =>
+      Effect.gen(function* () {
+        const auth = yield* Auth
+        const principal = yield* auth.resolve(spec.access, request.headers, { whileSuspended })
+        const body = decode ? yield* decode(request.body) : (undefined as B)
+        return yield* spec.handler({
+          ...request,
+          body: body as B,
+          principal: principal as PrincipalFor<A>,
+        })
+      }),
+  })
+  return { ...base, access: spec.access, whileSuspended }
+}

@@ -1,0 +1,496 @@
+/**
+ * The authorization matrix: every route × every kind of caller → the spec's status and code,
+ * through real HTTP against a gateway on port 0 over a real nats-server.
+ *
+ * The matrix is data (`matrix` below). Another route group joins by adding its routes to
+ * `served` and one row per route; a row that changes something gives `prepare`, which makes a
+ * fresh target per cell so cells do not depend on each other's order.
+ */
+import { mkdtemp, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import type { AccountRecord, AccountsService } from "../core/Accounts.ts"
+import { makeId } from "../core/Ids.ts"
+import { routes as accountRoutes } from "../gateway/accounts/routes.ts"
+import { hashToken, newToken } from "../gateway/auth/KeyTokens.ts"
+import { authRoute } from "../gateway/auth/Route.ts"
+import { personToken, run, startGateway, type TestGateway } from "../gateway/auth/testing.ts"
+import { json } from "../gateway/Response.ts"
+import type { Key } from "../schema/Account.ts"
+import type { ErrorCode } from "../schema/Errors.ts"
+import type { KeyId } from "../schema/Ids.ts"
+import { type StartedNatsServer, startNatsServer } from "./harness/NatsServer.ts"
+import { uniquePrefix } from "./harness/names.ts"
+
+// Probe routes for the labels no route of this group uses yet (`anyone`, `member`,
+// `member (admin keys)`), so those labels are in the matrix before their real routes exist.
+const probes = [
+  authRoute({
+    method: "GET",
+    path: "/t/anyone",
+    access: "anyone",
+    handler: () => Effect.succeed(json({ ok: 1 })),
+  }),
+  authRoute({
+    method: "GET",
+    path: "/t/member",
+    access: "member",
+    handler: ({ principal }) => Effect.succeed(json({ who: principal._tag, account: principal.account.id })),
+  }),
+  authRoute({
+    method: "POST",
+    path: "/t/admin-keys",
+    access: "member (admin keys)",
+    handler: ({ principal }) => Effect.succeed(json({ who: principal._tag }, { status: 201 })),
+  }),
+]
+
+const served = [...accountRoutes, ...probes]
+
+/** The kinds of caller, in matrix column order. */
+const callers = [
+  "none",
+  "malformed",
+  "unknownKey",
+  "revokedKey",
+  "runKey",
+  "adminKey",
+  "owner",
+  "member",
+  "nonMember",
+  "noAccountHeader",
+] as const
+type Caller = (typeof callers)[number]
+
+type Outcome = number | readonly [number, ErrorCode]
+const U = [401, "unauthenticated"] as const
+const PO = [403, "people_only"] as const
+const KS = [403, "key_scope"] as const
+const NM = [403, "not_a_member"] as const
+const OO = [403, "owners_only"] as const
+const AR = [400, "account_required"] as const
+const NF = [404, "not_found"] as const
+
+interface Fixture {
+  readonly account: AccountRecord
+  readonly accounts: AccountsService
+  readonly ownerUser: string
+  readonly headers: Record<Caller, Record<string, string>>
+}
+
+interface Target {
+  readonly path: string
+  readonly body?: unknown
+}
+
+interface Row {
+  readonly method: "GET" | "POST" | "DELETE"
+  readonly route: string
+  readonly prepare?: (f: Fixture) => Promise<Target>
+  readonly expect: Record<Caller, Outcome>
+}
+
+const unauthenticatedFour = { none: U, malformed: U, unknownKey: U, revokedKey: U } as const
+const ownerOnly = (ok: number) =>
+  ({
+    ...unauthenticatedFour,
+    runKey: PO,
+    adminKey: PO,
+    owner: ok,
+    member: OO,
+    nonMember: NM,
+    noAccountHeader: AR,
+  }) as const
+const personOnly = {
+  ...unauthenticatedFour,
+  runKey: PO,
+  adminKey: PO,
+  owner: 200,
+  member: 200,
+  nonMember: NM,
+  noAccountHeader: AR,
+} as const
+
+const freshEmail = () => `${makeId("usr").slice(4, 16)}@example.com`
+
+/** A fresh member of the fixture account (target of `DELETE /v1/members/{user}`). */
+const freshMember = async (f: Fixture): Promise<string> => {
+  const email = freshEmail()
+  await run(f.accounts.invite(f.account, email, "member", f.ownerUser))
+  const user = await run(f.accounts.ensureUser(email))
+  return (await run(f.accounts.acceptInvite(f.account.id, user))).user
+}
+
+/** A fresh admin key of the fixture account; returns its id and token. */
+const freshKey = async (
+  f: Pick<Fixture, "accounts" | "ownerUser">,
+  account: string,
+  scope: "admin" | "run" = "admin",
+): Promise<{ id: string; token: string }> => {
+  const token = newToken()
+  const key: Key = {
+    id: makeId("key") as KeyId,
+    account: account as Key["account"],
+    name: "fixture",
+    scope,
+    functions: ["*"],
+    created_at: new Date().toISOString(),
+    created_by: f.ownerUser as Key["created_by"],
+  }
+  await run(f.accounts.createKey(key, hashToken(token)))
+  return { id: key.id, token }
+}
+
+/** The matrix: one row per route, one outcome per caller. */
+const matrix: ReadonlyArray<Row> = [
+  {
+    method: "GET",
+    route: "/v1/me",
+    expect: {
+      ...unauthenticatedFour,
+      runKey: PO,
+      adminKey: PO,
+      owner: 200,
+      member: 200,
+      nonMember: 200,
+      noAccountHeader: 200,
+    },
+  },
+  {
+    method: "POST",
+    route: "/v1/invites/{invite}/accept",
+    prepare: async (f) => ({ path: `/v1/invites/${f.account.id}/accept` }),
+    // Signed in is enough to try; without an invite for the caller's e-mail there is nothing to accept.
+    expect: {
+      ...unauthenticatedFour,
+      runKey: PO,
+      adminKey: PO,
+      owner: NF,
+      member: NF,
+      nonMember: NF,
+      noAccountHeader: NF,
+    },
+  },
+  { method: "GET", route: "/v1/account", expect: personOnly },
+  { method: "GET", route: "/v1/members", expect: personOnly },
+  {
+    method: "DELETE",
+    route: "/v1/members/{user}",
+    prepare: async (f) => ({ path: `/v1/members/${await freshMember(f)}` }),
+    expect: ownerOnly(200),
+  },
+  { method: "GET", route: "/v1/invites", expect: ownerOnly(200) },
+  {
+    method: "POST",
+    route: "/v1/invites",
+    prepare: async () => ({ path: "/v1/invites", body: { email: freshEmail(), role: "member" } }),
+    expect: ownerOnly(201),
+  },
+  {
+    method: "DELETE",
+    route: "/v1/invites/{invite}",
+    prepare: async (f) => {
+      const email = freshEmail()
+      await run(f.accounts.invite(f.account, email, "member", f.ownerUser))
+      return { path: `/v1/invites/${encodeURIComponent(email)}` }
+    },
+    expect: ownerOnly(200),
+  },
+  { method: "GET", route: "/v1/keys", expect: ownerOnly(200) },
+  {
+    method: "POST",
+    route: "/v1/keys",
+    prepare: async () => ({ path: "/v1/keys", body: { name: "ci", scope: "run", functions: ["*"] } }),
+    expect: ownerOnly(201),
+  },
+  {
+    method: "DELETE",
+    route: "/v1/keys/{id}",
+    prepare: async (f) => ({ path: `/v1/keys/${(await freshKey(f, f.account.id)).id}` }),
+    expect: ownerOnly(200),
+  },
+  {
+    method: "GET",
+    route: "/t/anyone",
+    expect: {
+      none: 200,
+      malformed: 200,
+      unknownKey: 200,
+      revokedKey: 200,
+      runKey: 200,
+      adminKey: 200,
+      owner: 200,
+      member: 200,
+      nonMember: 200,
+      noAccountHeader: 200,
+    },
+  },
+  {
+    method: "GET",
+    route: "/t/member",
+    expect: {
+      ...unauthenticatedFour,
+      runKey: 200,
+      adminKey: 200,
+      owner: 200,
+      member: 200,
+      nonMember: NM,
+      noAccountHeader: AR,
+    },
+  },
+  {
+    method: "POST",
+    route: "/t/admin-keys",
+    expect: {
+      ...unauthenticatedFour,
+      runKey: KS,
+      adminKey: 201,
+      owner: 201,
+      member: 201,
+      nonMember: NM,
+      noAccountHeader: AR,
+    },
+  },
+]
+
+let nats: StartedNatsServer
+let dir: string
+let keyFile: string
+let gateway: TestGateway
+let fixture: Fixture
+
+const call = (method: string, path: string, headers: Record<string, string>, body?: unknown) =>
+  fetch(`${gateway.url}${path}`, {
+    method,
+    headers: { ...headers, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  })
+
+beforeAll(async () => {
+  nats = await startNatsServer()
+  dir = await mkdtemp(join(tmpdir(), "hangar-authz-"))
+  keyFile = join(dir, "issuer.key")
+  gateway = await startGateway(served, { natsUrl: nats.url, prefix: uniquePrefix(), keyFile })
+  const accounts = gateway.accounts
+  const { account, owner } = await run(accounts.createAccount("acme", "owner@example.com"))
+  const f = { accounts, ownerUser: owner.user }
+  await run(accounts.invite(account, "member@example.com", "member", owner.user))
+  await run(accounts.acceptInvite(account.id, await run(accounts.ensureUser("member@example.com"))))
+  // The non-member belongs to another account, so "member of something" is not enough.
+  await run(accounts.createAccount("other", "stranger@example.com"))
+  const admin = await freshKey(f, account.id, "admin")
+  const runKey = await freshKey(f, account.id, "run")
+  const revoked = await freshKey(f, account.id, "admin")
+  await run(accounts.revokeKey(account.id, revoked.id, owner.user))
+  const sa = { "service-account": account.id }
+  const bearer = (t: string) => ({ authorization: `Bearer ${t}` })
+  fixture = {
+    account,
+    accounts,
+    ownerUser: owner.user,
+    headers: {
+      none: {},
+      malformed: { authorization: "Token abc", ...sa },
+      unknownKey: { ...bearer(newToken()), ...sa },
+      revokedKey: { ...bearer(revoked.token), ...sa },
+      runKey: bearer(runKey.token),
+      adminKey: bearer(admin.token),
+      owner: { ...bearer(await personToken(keyFile, "owner@example.com")), ...sa },
+      member: { ...bearer(await personToken(keyFile, "member@example.com")), ...sa },
+      nonMember: { ...bearer(await personToken(keyFile, "stranger@example.com")), ...sa },
+      noAccountHeader: bearer(await personToken(keyFile, "owner@example.com")),
+    },
+  }
+})
+
+afterAll(async () => {
+  await gateway?.close()
+  await nats?.stop()
+  if (dir) await rm(dir, { recursive: true, force: true })
+})
+
+describe("authorization matrix", () => {
+  it("covers every route served", () => {
+    const rows = new Set(matrix.map((r) => `${r.method} ${r.route.replace(/\{(\w+)\}/g, ":$1")}`))
+    expect(new Set(served.map((r) => `${r.method} ${r.path}`))).toEqual(rows)
+  })
+
+  for (const row of matrix) {
+    describe(`${row.method} ${row.route}`, () => {
+      for (const caller of callers) {
+        const outcome = row.expect[caller]
+        const [status, code] = typeof outcome === "number" ? [outcome, undefined] : outcome
+        it(`${caller} → ${status}${code ? ` ${code}` : ""}`, async () => {
+          const target = row.prepare ? await row.prepare(fixture) : { path: row.route }
+          const res = await call(row.method, target.path, fixture.headers[caller], target.body)
+          const body = (await res.json()) as { code?: string }
+          expect({ status: res.status, code: body.code }).toEqual({ status, code })
+        })
+      }
+    })
+  }
+})
+
+describe("malformed credentials", () => {
+  for (const authorization of [
+    "Bearer",
+    "Bearer ",
+    "Bearer hgr_short",
+    `Bearer ${newToken()}x`,
+    "Bearer eyJhbGciOiJFZERTQSJ9.e30.sig",
+    "bearer  two spaces",
+    "Basic dXNlcjpwYXNz",
+  ]) {
+    it(`${JSON.stringify(authorization)} → 401 unauthenticated`, async () => {
+      const res = await call("GET", "/v1/me", { authorization })
+      expect(res.status).toBe(401)
+      expect(((await res.json()) as { code: string }).code).toBe("unauthenticated")
+    })
+  }
+
+  it("an expired ID token → 401", async () => {
+    const token = await personToken(keyFile, "owner@example.com", { ttlSeconds: -120 })
+    const res = await call("GET", "/v1/me", { authorization: `Bearer ${token}` })
+    expect(res.status).toBe(401)
+  })
+
+  it("an ID token for another audience → 401", async () => {
+    const token = await personToken(keyFile, "owner@example.com", { audience: "someone-else" })
+    const res = await call("GET", "/v1/me", { authorization: `Bearer ${token}` })
+    expect(res.status).toBe(401)
+  })
+
+  it("an ID token signed by another issuer key → 401", async () => {
+    const other = join(dir, "other-issuer.key")
+    const token = await personToken(other, "owner@example.com")
+    const res = await call("GET", "/v1/me", { authorization: `Bearer ${token}` })
+    expect(res.status).toBe(401)
+  })
+
+  it("a key naming another account in Service-Account → 403 not_a_member", async () => {
+    const res = await call("GET", "/t/member", {
+      ...fixture.headers.adminKey,
+      "service-account": makeId("acc"),
+    })
+    expect(res.status).toBe(403)
+    expect(((await res.json()) as { code: string }).code).toBe("not_a_member")
+  })
+
+  it("a malformed Service-Account → 403 not_a_member", async () => {
+    const res = await call("GET", "/v1/account", {
+      ...fixture.headers.noAccountHeader,
+      "service-account": "*",
+    })
+    expect(res.status).toBe(403)
+  })
+})
+
+describe("a suspended account", () => {
+  interface Suspended {
+    owner: Record<string, string>
+    admin: Record<string, string>
+    account: AccountRecord
+    ownerUser: string
+  }
+  let s: Suspended
+
+  beforeAll(async () => {
+    const accounts = fixture.accounts
+    const { account, owner } = await run(accounts.createAccount("frozen", "frozen-owner@example.com"))
+    const admin = await freshKey({ accounts, ownerUser: owner.user }, account.id, "admin")
+    await run(accounts.setState(account.id, "suspended"))
+    s = {
+      account,
+      ownerUser: owner.user,
+      owner: {
+        authorization: `Bearer ${await personToken(keyFile, "frozen-owner@example.com")}`,
+        "service-account": account.id,
+      },
+      admin: { authorization: `Bearer ${admin.token}` },
+    }
+  })
+
+  const cases: ReadonlyArray<{
+    readonly name: string
+    readonly method: string
+    readonly who: "owner" | "admin"
+    readonly path: (s: Suspended) => Promise<string> | string
+    readonly body?: unknown
+    readonly expect: Outcome
+  }> = [
+    { name: "reads its account", method: "GET", who: "owner", path: () => "/v1/account", expect: 200 },
+    { name: "reads members", method: "GET", who: "owner", path: () => "/v1/members", expect: 200 },
+    { name: "reads keys", method: "GET", who: "owner", path: () => "/v1/keys", expect: 200 },
+    { name: "reads invites", method: "GET", who: "owner", path: () => "/v1/invites", expect: 200 },
+    {
+      name: "cannot create keys",
+      method: "POST",
+      who: "owner",
+      path: () => "/v1/keys",
+      body: { name: "x", scope: "admin" },
+      expect: [403, "suspended"],
+    },
+    {
+      name: "cannot invite",
+      method: "POST",
+      who: "owner",
+      path: () => "/v1/invites",
+      body: { email: "new@example.com", role: "member" },
+      expect: [403, "suspended"],
+    },
+    {
+      name: "can revoke keys",
+      method: "DELETE",
+      who: "owner",
+      path: async (x) =>
+        `/v1/keys/${(await freshKey({ accounts: fixture.accounts, ownerUser: x.ownerUser }, x.account.id)).id}`,
+      expect: 200,
+    },
+    { name: "its keys still read", method: "GET", who: "admin", path: () => "/t/member", expect: 200 },
+    {
+      name: "its keys cannot write",
+      method: "POST",
+      who: "admin",
+      path: () => "/t/admin-keys",
+      expect: [403, "suspended"],
+    },
+  ]
+
+  for (const c of cases) {
+    it(`${c.name}: ${c.method} → ${JSON.stringify(c.expect)}`, async () => {
+      const res = await call(c.method, await c.path(s), s[c.who], c.body)
+      const body = (await res.json()) as { code?: string }
+      const [status, code] = typeof c.expect === "number" ? [c.expect, undefined] : c.expect
+      expect({ status: res.status, code: body.code }).toEqual({ status, code })
+    })
+  }
+
+  it("an invite to it cannot be accepted (403 suspended) and stays", async () => {
+    await run(
+      fixture.accounts.putInvite({
+        email: "joiner@example.com",
+        account: s.account.id,
+        account_name: s.account.name,
+        role: "member",
+        invited_by: s.ownerUser as Key["created_by"],
+        created_at: new Date().toISOString(),
+        expires_at: Math.floor(Date.now() / 1000) + 3600,
+      }),
+    )
+    const token = await personToken(keyFile, "joiner@example.com")
+    const res = await call("POST", `/v1/invites/${s.account.id}/accept`, { authorization: `Bearer ${token}` })
+    expect(res.status).toBe(403)
+    expect(((await res.json()) as { code: string }).code).toBe("suspended")
+    expect((await run(fixture.accounts.invites(s.account.id))).map((i) => i.email)).toEqual([
+      "joiner@example.com",
+    ])
+  })
+
+  it("me lists it as suspended", async () => {
+    const res = await call("GET", "/v1/me", { authorization: s.owner.authorization! })
+    const me = (await res.json()) as { accounts: Array<{ account: string; state: string }> }
+    expect(me.accounts).toEqual([expect.objectContaining({ account: s.account.id, state: "suspended" })])
+  })
+})
