@@ -1,5 +1,5 @@
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Chunk, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
+import { Chunk, Clock, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
@@ -118,6 +118,21 @@ layer(layerAll())("Kv", (it) => {
       const revisions = seen.map((c) => c.revision)
       expect([...revisions].sort((x, y) => x - y)).toEqual(revisions)
     }),
+  )
+
+  it.scoped("interrupting a consumer that waits for a change ends it (the watch is stopped)", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const p = uniqueName("w")
+      const changes = yield* kv.watchScoped(`${p}.>`, { include: "updates" })
+      const consumer = yield* changes.pipe(Stream.runDrain, Effect.fork)
+      // Let the consumer reach its pending `next()` on a subject nobody writes to.
+      yield* Effect.sleep("100 millis")
+      // Without the stop-on-return the interruption never completes; the bound only keeps a
+      // regression from hanging the file.
+      const interrupted = yield* Fiber.interrupt(consumer).pipe(Effect.timeout("10 seconds"), Effect.option)
+      expect(Option.isSome(interrupted)).toBe(true)
+    }).pipe(Effect.withClock(Clock.make())),
   )
 
   it.scoped("watch with the default include starts with the current values", () =>

@@ -111,6 +111,24 @@ const includeOf: Record<NonNullable<WatchOptions["include"]>, KvWatchInclude> = 
   history: "history",
 }
 
+/**
+ * The watch iterator as an iterable whose `return()` (what an interrupted stream calls) stops the
+ * watch first: the NATS iterator is an async generator, whose own `return()` would wait for the
+ * pending `next()`, that is for a change that may never come, and so never let go.
+ */
+const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable<T> => ({
+  [Symbol.asyncIterator]: () => {
+    const inner = watch[Symbol.asyncIterator]()
+    return {
+      next: () => inner.next(),
+      return: (value?: unknown) => {
+        watch.stop()
+        return Promise.resolve({ done: true as const, value: value as T })
+      },
+    }
+  },
+})
+
 /** Opens the typed view of an existing bucket. */
 export const make = <A, I>(
   bucket: string,
@@ -192,7 +210,7 @@ export const make = <A, I>(
         ),
         (iterator) =>
           Stream.fromAsyncIterable(
-            iterator,
+            stoppable(iterator),
             (cause) =>
               new NatsError({
                 operation: `kv.watch ${bucket}`,

@@ -10,7 +10,7 @@
  *   revision got there first, so a slow read can never put a revoked key back;
  * - when the watch fails the cache is dropped and the watch restarted.
  */
-import { Context, Deferred, Effect, Exit, Fiber, Layer, Option, Schedule, Scope, Stream } from "effect"
+import { Context, Deferred, Effect, Layer, Option, Schedule, Stream } from "effect"
 import { Accounts, type KeyRecord, keysOf } from "../../core/Accounts.ts"
 import type { KvValueInvalid } from "../../core/Kv.ts"
 import type { NatsError } from "../../core/Nats.ts"
@@ -44,53 +44,30 @@ export const make = Effect.gen(function* () {
     if (!seen || seen.revision < next.revision) cache.set(hash, next)
   }
 
-  // The watch's scope is closed by hand, before its consumer is stopped: interrupting a stream
-  // over the NATS watch iterator while a `next()` is pending hangs (the async generator's
-  // `return()` waits for that `next()`), whereas stopping the watch first ends the stream cleanly.
-  let current: Scope.CloseableScope | undefined
-  let stopping = false
-  const watchOnce = Effect.gen(function* () {
-    const scope = yield* Scope.make()
-    current = scope
-    const changes = yield* Scope.extend(
-      accounts.views.keys.watchScoped(keysOf.keyHash(">"), { include: "updates" }),
-      scope,
-    )
-    live = true
-    yield* Deferred.succeed(ready, undefined)
-    yield* Stream.runForEach(changes, (c) =>
-      Effect.sync(() =>
-        apply(hashOf(c.key), { revision: c.revision, record: c._tag === "Put" ? c.value : undefined }),
-      ),
-    )
-  }).pipe(
+  // One watch at a time: while it runs the cache is live; when it ends or fails the cache is
+  // dropped and a new watch starts after a second. Interrupting it (layer release) stops the watch.
+  const watchOnce = Effect.scoped(
+    Effect.gen(function* () {
+      const changes = yield* accounts.views.keys.watchScoped(keysOf.keyHash(">"), { include: "updates" })
+      live = true
+      yield* Deferred.succeed(ready, undefined)
+      yield* Stream.runForEach(changes, (c) =>
+        Effect.sync(() =>
+          apply(hashOf(c.key), { revision: c.revision, record: c._tag === "Put" ? c.value : undefined }),
+        ),
+      )
+    }),
+  ).pipe(
     Effect.ensuring(
-      Effect.suspend(() => {
+      Effect.sync(() => {
         live = false
         generation++
         cache.clear()
-        const scope = current
-        current = undefined
-        return scope ? Scope.close(scope, Exit.void) : Effect.void
       }),
     ),
     Effect.tapError((e) => Effect.logWarning("key cache watch failed; restarting", e)),
   )
-
-  const loop = watchOnce.pipe(
-    Effect.retry({ schedule: Schedule.spaced("1 second"), while: () => !stopping }),
-    Effect.repeat({ while: () => !stopping }),
-  )
-  const fiber = yield* Effect.forkDaemon(loop)
-  yield* Effect.addFinalizer(() =>
-    Effect.gen(function* () {
-      stopping = true
-      const scope = current
-      if (scope) yield* Scope.close(scope, Exit.void)
-      const ended = yield* Fiber.await(fiber).pipe(Effect.timeout("2 seconds"), Effect.option)
-      if (ended._tag === "None") yield* Effect.forkDaemon(Fiber.interrupt(fiber))
-    }),
-  )
+  yield* Effect.forkScoped(watchOnce.pipe(Effect.retry(Schedule.spaced("1 second")), Effect.forever))
   // Subscribed before the layer is ready, so the first requests are already served from memory.
   yield* Deferred.await(ready)
 
