@@ -29,6 +29,8 @@ export interface Recipe {
   readonly mirrors: ReadonlyArray<string>
   readonly packages: ReadonlyArray<string>
   readonly exclude?: ReadonlyArray<string>
+  /** Shell commands run after the common ones as mmdebstrap customize hooks (`$1` is the root); part of the hash. */
+  readonly hooks?: ReadonlyArray<string>
 }
 
 /** A built base as listed (`{name, sha256, bytes}` is the spec's bases listing item). */
@@ -141,7 +143,7 @@ const buildIn = async (dir: string, recipePath: string, log: (line: string) => v
         `--include=${recipe.packages.join(",")}`,
         '--aptopt=Acquire::Languages "none"',
         ...(recipe.exclude ?? []).map((p) => `--dpkgopt=path-exclude=${p}`),
-        ...customizeHooks.map((h) => `--customize-hook=${h}`),
+        ...[...customizeHooks, ...(recipe.hooks ?? [])].map((h) => `--customize-hook=${h}`),
         recipe.release,
         tar,
         ...recipe.mirrors,
