@@ -1,0 +1,231 @@
+import { Chunk, Effect, ManagedRuntime, Option, Stream } from "effect"
+import { afterAll, describe, expect, it } from "vitest"
+import { makeId } from "../../core/Ids.ts"
+import { Storage } from "../../core/Storage.ts"
+import { getMessage, readSubject } from "../../core/StreamRead.ts"
+import { layerAll } from "../../test/harness/NatsServer.ts"
+import {
+  incompleteTail,
+  KEEP_BYTES,
+  make,
+  outputHeaders,
+  publishChunk,
+  READ_MAX_BYTES,
+  readOutput,
+} from "./OutputSink.ts"
+
+const runtime = ManagedRuntime.make(layerAll())
+afterAll(() => runtime.dispose())
+
+const ids = () => ({ run: makeId("run"), cmd: makeId("cmd") })
+
+// Every stored message of one command's subject, in order.
+const stored = (run: string, cmd: string) =>
+  runtime.runPromise(
+    Effect.gen(function* () {
+      const { names } = yield* Storage
+      const stream = names.streams.OUTPUT.name
+      const subject = names.subjects.output(run, cmd)
+      const last = yield* getMessage(stream, { lastOf: subject })
+      if (Option.isNone(last)) return []
+      return Chunk.toReadonlyArray(yield* Stream.runCollect(readSubject(stream, subject, 1, last.value.seq)))
+    }),
+  )
+
+// Writes `bytes` through a sink in pieces of `piece` bytes, then finishes it.
+const writeAll = (run: string, cmd: string, bytes: Buffer, piece: number) =>
+  runtime.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const sink = yield* make(run, cmd)
+        for (let at = 0; at < bytes.length; at += piece) {
+          sink.write(bytes.subarray(at, at + piece))
+          // Let the publisher and the timer run now and then, as a live command would.
+          if ((at / piece) % 4096 === 0) yield* Effect.yieldNow()
+        }
+        return yield* sink.finish
+      }),
+    ),
+  )
+
+const read = (run: string, cmd: string, after: number, maxBytes?: number) =>
+  runtime.runPromise(readOutput(run, cmd, after, maxBytes))
+
+const euros = (n: number) => Buffer.from("€".repeat(Math.ceil(n / 3))).subarray(0, n)
+
+describe("OutputSink", () => {
+  it("keeps exactly the first 4 MiB of 10 MiB of tiny writes, in batches, with a done marker", async () => {
+    const { run, cmd } = ids()
+    const total = 10 * 1024 * 1024
+    const totals = await writeAll(run, cmd, euros(total), 7)
+    expect(totals).toEqual({ output_bytes: total, stored_bytes: KEEP_BYTES })
+    const messages = await stored(run, cmd)
+    const data = messages.filter((m) => m.header(outputHeaders.done) !== "1")
+    const kept = Buffer.concat(data.map((m) => m.data))
+    expect(kept.length).toBe(KEEP_BYTES)
+    expect(kept.equals(euros(KEEP_BYTES))).toBe(true)
+    // Batched: 4 MiB in 7-byte writes is ~600,000 writes, stored in chunks of about 64 KiB.
+    expect(data.length).toBeLessThan(200)
+    let offset = 0
+    for (const m of data) {
+      expect(Number(m.header(outputHeaders.offset))).toBe(offset)
+      offset += m.data.length
+    }
+    const done = messages.at(-1)
+    expect(done?.header(outputHeaders.done)).toBe("1")
+    expect(done?.header(outputHeaders.outputBytes)).toBe(String(total))
+    expect(done?.header(outputHeaders.storedBytes)).toBe(String(KEEP_BYTES))
+    expect(done?.data.length).toBe(0)
+  })
+
+  it("the reader pages 512 KiB at a time, never splitting a character, done only at the end", async () => {
+    const { run, cmd } = ids()
+    await writeAll(run, cmd, euros(10 * 1024 * 1024), 1000)
+    const pages: Array<{ output: string; next: number; done: boolean }> = []
+    let after = 0
+    for (;;) {
+      const page = await read(run, cmd, after)
+      expect(page.output_bytes).toBe(10 * 1024 * 1024)
+      expect(page.stored_bytes).toBe(KEEP_BYTES)
+      expect(page.next - after).toBeLessThanOrEqual(READ_MAX_BYTES)
+      expect(page.next).toBeGreaterThan(after)
+      pages.push(page)
+      after = page.next
+      if (page.done) break
+    }
+    expect(after).toBe(KEEP_BYTES)
+    expect(pages.slice(0, -1).every((p) => !p.done)).toBe(true)
+    // 512 KiB is not a multiple of 3: every page but the last ends early, on a whole `€`.
+    for (const p of pages.slice(0, -1)) {
+      expect(p.output).toMatch(/^€+$/)
+      expect(p.next % 3).toBe(0)
+    }
+    // 4 MiB = 3 × 1,398,101 + 1: the kept output itself ends inside a character.
+    const all = pages.map((p) => p.output).join("")
+    expect(all).toBe(`${"€".repeat(1398101)}\uFFFD`)
+    // Past the end: nothing, done.
+    expect(await read(run, cmd, KEEP_BYTES + 10)).toMatchObject({
+      output: "",
+      next: KEEP_BYTES + 10,
+      done: true,
+    })
+  })
+
+  it("a read starting inside a character returns its tail bytes as U+FFFD and goes on", async () => {
+    const { run, cmd } = ids()
+    await writeAll(run, cmd, euros(3000), 3000)
+    const page = await read(run, cmd, 1, 100)
+    expect(page.output).toBe(`\uFFFD\uFFFD${"€".repeat(32)}`)
+    expect(page.next).toBe(99)
+    expect(page.done).toBe(false)
+    // The smallest window still moves on; a window of exactly one character returns it.
+    expect(await read(run, cmd, 3, 1)).toMatchObject({ output: "€", next: 6 })
+  })
+
+  it("bytes that are not UTF-8 read back as U+FFFD with byte offsets", async () => {
+    const { run, cmd } = ids()
+    const bytes = Buffer.from([0xff, 0xfe, 0x61, 0x62, 0xc3, 0x28, 0xe2, 0x82])
+    await writeAll(run, cmd, bytes, 1)
+    expect(await read(run, cmd, 0)).toEqual({
+      output: "\uFFFD\uFFFDab\uFFFD(\uFFFD",
+      next: 8,
+      output_bytes: 8,
+      stored_bytes: 8,
+      done: true,
+    })
+    expect(await read(run, cmd, 2)).toMatchObject({ output: "ab\uFFFD(\uFFFD", next: 8, done: true })
+  })
+
+  it("while the command runs, a read stops before an unfinished character and is not done", async () => {
+    const { run, cmd } = ids()
+    const result = await runtime.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const sink = yield* make(run, cmd, { flushBytes: 1 })
+          sink.write(Buffer.from([0x61, 0xe2, 0x82]))
+          // Wait until the chunk is stored (the publisher runs as the fiber yields).
+          for (;;) {
+            const p = yield* readOutput(run, cmd, 0)
+            if (p.stored_bytes === 3) break
+            yield* Effect.sleep("5 millis")
+          }
+          const before = yield* readOutput(run, cmd, 0)
+          sink.write(Buffer.from([0xac]))
+          const totals = yield* sink.finish
+          return { before, after: yield* readOutput(run, cmd, before.next), totals }
+        }),
+      ),
+    )
+    expect(result.before).toEqual({ output: "a", next: 1, output_bytes: 3, stored_bytes: 3, done: false })
+    expect(result.after).toEqual({ output: "€", next: 4, output_bytes: 4, stored_bytes: 4, done: true })
+  })
+
+  it("at exactly 4 MiB everything is kept; one byte more is counted, not kept", async () => {
+    const at = ids()
+    expect(await writeAll(at.run, at.cmd, Buffer.alloc(KEEP_BYTES, 0x61), 65_536)).toEqual({
+      output_bytes: KEEP_BYTES,
+      stored_bytes: KEEP_BYTES,
+    })
+    const past = ids()
+    expect(await writeAll(past.run, past.cmd, Buffer.alloc(KEEP_BYTES + 1, 0x61), 65_536)).toEqual({
+      output_bytes: KEEP_BYTES + 1,
+      stored_bytes: KEEP_BYTES,
+    })
+    const kept = (await stored(past.run, past.cmd)).reduce((n, m) => n + m.data.length, 0)
+    expect(kept).toBe(KEEP_BYTES)
+  })
+
+  it("one read returns at most 512 KiB, even when asked for more", async () => {
+    const { run, cmd } = ids()
+    await writeAll(run, cmd, Buffer.alloc(READ_MAX_BYTES + 1, 0x61), 4096)
+    const page = await read(run, cmd, 0, 10 * READ_MAX_BYTES)
+    expect(page).toMatchObject({ next: READ_MAX_BYTES, done: false })
+    expect(page.output.length).toBe(READ_MAX_BYTES)
+    expect(await read(run, cmd, page.next)).toEqual({
+      output: "a",
+      next: READ_MAX_BYTES + 1,
+      output_bytes: READ_MAX_BYTES + 1,
+      stored_bytes: READ_MAX_BYTES + 1,
+      done: true,
+    })
+  })
+
+  it("before any output the read is empty and not done", async () => {
+    const { run, cmd } = ids()
+    expect(await read(run, cmd, 0)).toEqual({
+      output: "",
+      next: 0,
+      output_bytes: 0,
+      stored_bytes: 0,
+      done: false,
+    })
+  })
+
+  it("a retried publish of the same chunk is stored once", async () => {
+    const { run, cmd } = ids()
+    const acks = await runtime.runPromise(
+      Effect.gen(function* () {
+        const { names } = yield* Storage
+        const subject = names.subjects.output(run, cmd)
+        const chunk = Buffer.from("hello")
+        const first = yield* publishChunk(subject, cmd, 0, chunk, 5)
+        const again = yield* publishChunk(subject, cmd, 0, chunk, 5)
+        return [first, again]
+      }),
+    )
+    expect(acks.map((a) => a.duplicate)).toEqual([false, true])
+    expect(acks[1]?.seq).toBe(acks[0]?.seq)
+    expect((await stored(run, cmd)).map((m) => Buffer.from(m.data).toString())).toEqual(["hello"])
+  })
+
+  it("incompleteTail finds a started character at the end only", () => {
+    expect(incompleteTail(Buffer.from("a€"))).toBe(0)
+    expect(incompleteTail(Buffer.from([0x61, 0xe2]))).toBe(1)
+    expect(incompleteTail(Buffer.from([0x61, 0xe2, 0x82]))).toBe(2)
+    expect(incompleteTail(Buffer.from([0xf0, 0x9f, 0x98]))).toBe(3)
+    expect(incompleteTail(Buffer.from([0xf0, 0x9f, 0x98, 0x80]))).toBe(0)
+    expect(incompleteTail(Buffer.from([0x82, 0x82]))).toBe(0)
+    expect(incompleteTail(Buffer.from([0xff]))).toBe(0)
+    expect(incompleteTail(Buffer.alloc(0))).toBe(0)
+  })
+})
