@@ -30,7 +30,6 @@ describe("HostSettings", () => {
           ...HostSettings.defaults,
           machineIdPath: join(dir, "machine-id"),
           dataDir: "/x/.data",
-          kvmDevice: join(dir, "no-kvm"),
         })
         expect(host.id).toBe(derivedId("0123abcd", "/x/.data"))
         expect(host.vcpus).toBe(14)

@@ -4,8 +4,7 @@
  * once at start by `resolve` (so importing this file reads nothing from the machine).
  */
 import { createHash } from "node:crypto"
-import { constants } from "node:fs"
-import { access, readFile } from "node:fs/promises"
+import { readFile } from "node:fs/promises"
 import { hostname, totalmem } from "node:os"
 import { Config, Context, Data, Effect, Layer, Schema } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
@@ -13,7 +12,7 @@ import { dataDir } from "../../deploy/tools.mjs"
 import { type DriverKind, HostId, hostHeartbeatMs, hostStaleMs } from "../../schema/Host.ts"
 import { hostVcpuBudget } from "../../schema/Limits.ts"
 
-/** The host agent's settings; `id: ""`, `memoryMib: 0` and `driver: "auto"` are derived by `resolve`. */
+/** The host agent's settings; `id: ""` and `memoryMib: 0` are derived by `resolve`. */
 export const HostSettings = defineSettings(
   "host-agent/HostSettings",
   {
@@ -23,8 +22,12 @@ export const HostSettings = defineSettings(
     vcpus: hostVcpuBudget as number,
     /** `HANGAR_HOST_MEMORY_MIB`; 0 = the machine's memory minus `reserveMib(total)` for the host itself. */
     memoryMib: 0,
-    /** `HANGAR_MACHINE_DRIVER`; `auto` = `qemu` when `/dev/kvm` is usable, else `namespace`. */
-    driver: "auto" as "auto" | DriverKind,
+    /**
+     * `HANGAR_MACHINE_DRIVER`: `namespace` (default) or `qemu`. Set `qemu` on hosts where KVM boots
+     * guests; a usable `/dev/kvm` does not prove that (under nested paravirtual KVM, as on our
+     * development machines, stock guest kernels hang), so it is a decision, not a guess.
+     */
+    driver: "namespace" as DriverKind,
     /** `HANGAR_HOST_HEARTBEAT_MS`: how often the record's `heartbeat_at` is refreshed. */
     heartbeatMs: hostHeartbeatMs as number,
     /** `HANGAR_HOST_STALE_MS`: a record whose heartbeat is older is a gone host (readers). */
@@ -32,17 +35,12 @@ export const HostSettings = defineSettings(
     /** The data folder the default id is derived from (two checkouts on one machine are two hosts). */
     dataDir: dataDir as string,
     machineIdPath: "/etc/machine-id",
-    kvmDevice: "/dev/kvm",
   },
   (d) => ({
     id: env.string("HOST_ID", d.id),
     vcpus: env.integer("HOST_VCPUS", d.vcpus),
     memoryMib: env.integer("HOST_MEMORY_MIB", d.memoryMib),
-    driver: Config.literal(
-      "auto",
-      "namespace",
-      "qemu",
-    )("HANGAR_MACHINE_DRIVER").pipe(Config.withDefault(d.driver)),
+    driver: Config.literal("namespace", "qemu")("HANGAR_MACHINE_DRIVER").pipe(Config.withDefault(d.driver)),
     heartbeatMs: env.integer("HOST_HEARTBEAT_MS", d.heartbeatMs),
     staleMs: env.integer("HOST_STALE_MS", d.staleMs),
   }),
@@ -87,16 +85,9 @@ export const resolve = (s: HostSettingsValue): Effect.Effect<HostIdentity, HostI
     const machineId =
       s.id === "" ? await readFile(s.machineIdPath, "utf8").catch(() => hostname()) : undefined
     const totalMib = Math.floor(totalmem() / 1024 ** 2)
-    const kvm =
-      s.driver === "auto"
-        ? await access(s.kvmDevice, constants.R_OK | constants.W_OK).then(
-            () => true,
-            () => false,
-          )
-        : false
     return {
       id: machineId === undefined ? s.id : derivedId(machineId, s.dataDir),
-      driver: s.driver === "auto" ? (kvm ? "qemu" : "namespace") : s.driver,
+      driver: s.driver,
       vcpus: s.vcpus,
       memoryMib: s.memoryMib > 0 ? s.memoryMib : Math.max(0, totalMib - reserveMib(totalMib)),
     }
