@@ -25,6 +25,7 @@ export const kvBuckets = [
   "actors",
   "leases",
   "hosts",
+  "uploads",
 ] as const
 export type KvBucket = (typeof kvBuckets)[number]
 
@@ -84,7 +85,8 @@ export const retention = {
     commands: 30 * DAY_MS,
     actors: 0,
     leases: 0,
-    hosts: 0,
+    hosts: 60_000, // a live host rewrites its record every 3 s; a crashed host's record ages out
+    uploads: 30 * DAY_MS, // upload records, as long as the `files` objects they describe
   } satisfies Record<KvBucket, number>,
   streams: {
     MAILBOX: 0, // work queue: messages go when handled

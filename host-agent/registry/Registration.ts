@@ -137,28 +137,36 @@ export const make: Effect.Effect<
     return current.value.revision
   })
 
-  const write = (state: CapacityState) =>
+  const writeAt = (state: CapacityState, rev: number) =>
     Effect.gen(function* () {
       const record = yield* compose(state)
-      const rev = yield* Ref.get(revision)
-      const next = yield* kv
-        .update(host.id, record, rev)
-        .pipe(
-          Effect.catchTag("StateConflict", () =>
-            Effect.flatMap(recover, (fresh) => kv.update(host.id, record, fresh)),
-          ),
-        )
-      yield* Ref.set(revision, next)
+      yield* Ref.set(revision, yield* kv.update(host.id, record, rev))
       yield* Ref.set(last, record)
       return record
-    }).pipe(Effect.uninterruptible, permit.withPermits(1))
+    })
+
+  const write = (state: CapacityState) =>
+    Effect.flatMap(Ref.get(revision), (rev) =>
+      writeAt(state, rev).pipe(
+        Effect.catchTag("StateConflict", () => Effect.flatMap(recover, (fresh) => writeAt(state, fresh))),
+      ),
+    ).pipe(Effect.uninterruptible, permit.withPermits(1))
 
   const beat = Effect.flatMap(capacity.state, write)
 
-  // The first write takes over a record left by an earlier run of this host (same id, it crashed).
-  const previous = yield* kv.get(host.id)
-  if (Option.isSome(previous)) yield* Ref.set(revision, previous.value.revision)
-  yield* Effect.acquireRelease(beat, () =>
+  // The first write takes the record over whoever wrote it: a record under our id is left by an
+  // earlier run of this host that crashed, or belongs to a live agent misconfigured with our id,
+  // whose next write then fails with HostIdTaken. A write racing ours between read and CAS (that
+  // agent's heartbeat) just means reading again.
+  const takeOver = Effect.gen(function* () {
+    const previous = yield* kv.get(host.id)
+    return yield* writeAt(yield* capacity.state, Option.isSome(previous) ? previous.value.revision : 0)
+  }).pipe(
+    Effect.retry({ times: 5, while: (e) => e._tag === "StateConflict" }),
+    Effect.uninterruptible,
+    permit.withPermits(1),
+  )
+  yield* Effect.acquireRelease(takeOver, () =>
     Effect.gen(function* () {
       const rev = yield* Ref.get(revision)
       yield* kv
