@@ -281,13 +281,16 @@ describe("Dispatcher", () => {
     const bash = await exec(record("bash", { command: "echo hi" }))
     expect(bash.state).toBe("failed")
     expect(bash.state === "failed" && bash.error).toMatch(/^the machine is unavailable: /)
-    // SFTP requests on a closed connection never answer; the executor's file timeout ends them.
-    const read = await runtime.runPromise(
-      execute(t.guest, record("read", { file_path: "/etc/hostname" }), { ...context, fileTimeoutMs: 200 }),
-    )
-    expect(read.state).toBe("failed")
-    expect(read.state === "failed" && read.error).toBe(
-      "the machine is unavailable: no answer from the machine in 200 ms",
-    )
+    // File kinds go over SFTP, which never answers on a closed connection by itself: the session
+    // fails them as soon as the connection is gone (not after the executor's 5-minute file timeout).
+    for (const [kind, args] of [
+      ["read", { file_path: "/etc/hostname" }],
+      ["write", { file_path: "x", content: "y" }],
+      ["list", { path: "/workspace" }],
+    ] as const) {
+      const outcome = await exec(record(kind, args))
+      expect(outcome.state).toBe("failed")
+      expect(outcome.state === "failed" && outcome.error).toMatch(/^the machine is unavailable: .*connection/)
+    }
   })
 })

@@ -327,10 +327,19 @@ export const connect = (
     )
     const slots = new Slots()
     const sftp = yield* Effect.tryPromise({ try: () => sftpOf(client), catch: unavailable })
+    // ssh2 never calls back an SFTP request whose connection closed, so every file call races the
+    // connection's end: a call pending then, or made later, fails with GuestUnavailable.
+    const gone = new Promise<never>((_, fail) => {
+      const ended = (what: string) => () => fail(new Error(`the connection to the machine ${what}`))
+      client.once("close", ended("closed"))
+      client.once("end", ended("ended"))
+      sftp.once("close", ended("lost its file channel"))
+    })
+    gone.catch(() => undefined)
     const files =
       <A, R>(f: (sftp: SFTPWrapper, args: A) => Promise<R>) =>
       (args: A) =>
-        Effect.tryPromise({ try: () => f(sftp, args), catch: unavailable })
+        Effect.tryPromise({ try: () => Promise.race([f(sftp, args), gone]), catch: unavailable })
     return {
       bash: (args, onOutput) => {
         const invalid = validate(args)
