@@ -1,0 +1,192 @@
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { Effect, type Layer, Option } from "effect"
+import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
+import { uniquePrefix } from "../../test/harness/names.ts"
+import * as Mailbox from "./Mailbox.ts"
+import { partitionOf } from "./Partition.ts"
+import * as State from "./State.ts"
+import { clientLayer, eventually, startWorker } from "./testing/Harness.ts"
+import { flaky, overlaps, Recorder, Sink } from "./testing/TestActors.ts"
+import type { CrashPoint } from "./Worker.ts"
+
+let server: StartedNatsServer
+beforeAll(async () => {
+  server = await startNatsServer()
+})
+afterAll(() => server?.stop())
+
+const fast = { leaseMs: 1_500, renewMs: 300, retryBaseMs: 50, retryMaxMs: 200 }
+const actors = [Recorder, Sink]
+
+/** Runs `body` with a client for a fresh storage prefix. */
+const withClient = <A, E>(
+  body: (prefix: string) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof clientLayer>>>,
+) => {
+  const prefix = uniquePrefix()
+  return body(prefix).pipe(Effect.provide(clientLayer(server.url, prefix, fast)))
+}
+
+const logOf = <A extends typeof Recorder | typeof Sink>(actor: A, id: string, length: number) =>
+  eventually(
+    Effect.map(State.read(actor, id), (r) =>
+      Option.filter(r, (x) => x.state.log.length >= length).pipe(Option.map((x) => x)),
+    ),
+    "30 seconds",
+    `${actor.name}/${id} to log ${length} entries`,
+  )
+
+describe("partitionOf", () => {
+  it("is stable and in range", () => {
+    expect(partitionOf("run_0000000000000000000000000a", 32)).toBe(
+      partitionOf("run_0000000000000000000000000a", 32),
+    )
+    const seen = new Set<number>()
+    for (let i = 0; i < 1000; i++) {
+      const p = partitionOf(`acc_${i}`, 32)
+      expect(p).toBeGreaterThanOrEqual(0)
+      expect(p).toBeLessThan(32)
+      seen.add(p)
+    }
+    expect(seen.size).toBe(32)
+  })
+})
+
+describe("actor worker", () => {
+  it.live("delivers 1,000 messages from 4 senders in per-sender order, one handler at a time", () =>
+    withClient((prefix) =>
+      Effect.gen(function* () {
+        const w1 = yield* startWorker(server.url, prefix, actors, fast)
+        const w2 = yield* startWorker(server.url, prefix, actors, fast)
+        overlaps.count = 0
+        yield* Effect.forEach(
+          ["s0", "s1", "s2", "s3"],
+          (sender) =>
+            Effect.forEach(
+              Array.from({ length: 250 }, (_, n) => n),
+              (n) =>
+                Mailbox.send(
+                  Recorder,
+                  "one",
+                  { _tag: "Add", sender, n },
+                  { msgId: `${prefix}-${sender}-${n}` },
+                ),
+              { discard: true },
+            ),
+          { concurrency: 4, discard: true },
+        )
+        const record = yield* logOf(Recorder, "one", 1000)
+        expect(record.state.log).toHaveLength(1000)
+        for (const sender of ["s0", "s1", "s2", "s3"]) {
+          const mine = record.state.log
+            .filter((e) => e.startsWith(`${sender}:`))
+            .map((e) => Number(e.split(":")[1]))
+          expect(mine).toEqual(Array.from({ length: 250 }, (_, n) => n))
+        }
+        expect(overlaps.count).toBe(0)
+        yield* w1.stop
+        yield* w2.stop
+      }),
+    ),
+  )
+
+  it.live("stores a message sent twice with one msgId once", () =>
+    withClient((prefix) =>
+      Effect.gen(function* () {
+        const w = yield* startWorker(server.url, prefix, actors, fast)
+        yield* Mailbox.send(Recorder, "dup", { _tag: "Add", sender: "a", n: 1 }, { msgId: "same" })
+        yield* Mailbox.send(Recorder, "dup", { _tag: "Add", sender: "a", n: 1 }, { msgId: "same" })
+        yield* Mailbox.send(Recorder, "dup", { _tag: "Add", sender: "a", n: 2 }, { msgId: "other" })
+        const record = yield* logOf(Recorder, "dup", 2)
+        expect(record.state.log).toEqual(["a:1", "a:2"])
+        yield* w.stop
+      }),
+    ),
+  )
+
+  for (const crashAt of [
+    "afterStateWrite",
+    "afterPublish",
+    "afterAck",
+  ] as const satisfies ReadonlyArray<CrashPoint>) {
+    it.live(
+      `a worker killed ${crashAt} changes nothing: state and outgoing messages as if it had not died`,
+      () =>
+        withClient((prefix) =>
+          Effect.gen(function* () {
+            const doomed = yield* startWorker(server.url, prefix, actors, fast, {
+              crashAt,
+              match: (info) => info.tag === "Forward" && info.id === "fw" && info.seq >= 3,
+            })
+            for (let n = 1; n <= 5; n++) {
+              yield* Mailbox.send(Recorder, "fw", { _tag: "Forward", to: "out", n }, { msgId: `fw-${n}` })
+            }
+            yield* doomed.worker.crashed
+            yield* doomed.stop
+            const next = yield* startWorker(server.url, prefix, actors, fast)
+            const record = yield* logOf(Recorder, "fw", 5)
+            const sink = yield* logOf(Sink, "out", 5)
+            // Give a wrongly duplicated forward time to show up before checking there is none.
+            yield* Mailbox.send(Sink, "out", { _tag: "Add", sender: "end", n: 0 }, { msgId: "end" })
+            const final = yield* logOf(Sink, "out", 6)
+            expect(record.state.log).toEqual(["fwd:1", "fwd:2", "fwd:3", "fwd:4", "fwd:5"])
+            expect(sink.state.log.slice(0, 5)).toEqual(["fw:1", "fw:2", "fw:3", "fw:4", "fw:5"])
+            expect(final.state.log).toEqual(["fw:1", "fw:2", "fw:3", "fw:4", "fw:5", "end:0"])
+            yield* next.stop
+          }),
+        ),
+    )
+  }
+
+  it.live("retries a retryable failure in order, records a terminal one, and survives a defect", () =>
+    withClient((prefix) =>
+      Effect.gen(function* () {
+        const w = yield* startWorker(server.url, prefix, actors, fast)
+        flaky.set(`${prefix}-k`, 2)
+        const send = (n: number, message: Parameters<typeof Mailbox.send<typeof Recorder>>[2]) =>
+          Mailbox.send(Recorder, "err", message, { msgId: `err-${n}` })
+        yield* send(1, { _tag: "Add", sender: "x", n: 1 })
+        yield* send(2, { _tag: "Flaky", key: `${prefix}-k` })
+        yield* send(3, { _tag: "Add", sender: "x", n: 2 })
+        yield* send(4, { _tag: "Fail", key: "t" })
+        yield* send(5, { _tag: "Defect" })
+        yield* send(6, { _tag: "Add", sender: "x", n: 3 })
+        const record = yield* logOf(Recorder, "err", 4)
+        expect(record.state.log).toEqual(["x:1", `flaky:${prefix}-k`, "x:2", "x:3"])
+        expect(flaky.get(`${prefix}-k`)).toBe(0)
+        expect(record.failures).toBe(2)
+        expect(record.failure?.message).toContain("a bug in the handler")
+        yield* w.stop
+      }),
+    ),
+  )
+
+  it.live("ask is answered by the handler; a timeout or a terminal failure is a typed error", () =>
+    withClient((prefix) =>
+      Effect.gen(function* () {
+        const noWorker = yield* Mailbox.ask(
+          Recorder,
+          "q",
+          { _tag: "Question", x: 1 },
+          { timeout: "300 millis" },
+        ).pipe(Effect.flip)
+        expect(noWorker._tag).toBe("AskTimeout")
+        const w = yield* startWorker(server.url, prefix, actors, fast)
+        const answer = yield* Mailbox.ask(
+          Recorder,
+          "q",
+          { _tag: "Question", x: 21 },
+          { timeout: "10 seconds" },
+        )
+        expect(answer).toBe(42)
+        const failed = yield* Mailbox.ask(
+          Recorder,
+          "q",
+          { _tag: "Fail", key: "no" },
+          { timeout: "10 seconds" },
+        ).pipe(Effect.flip)
+        expect(failed).toMatchObject({ _tag: "AskFailed", tag: "Boom" })
+        yield* w.stop
+      }),
+    ),
+  )
+})

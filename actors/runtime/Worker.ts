@@ -1,0 +1,313 @@
+/**
+ * An actor worker: claims a fair share of every actor type's mailbox partitions with leases,
+ * consumes each owned partition in order through one consumer (one actor's messages one at a time
+ * in stream order, so its handler never runs twice at once), and rebalances as workers come and go.
+ *
+ * Every `renewMs` a worker renews its presence and leases, releases partitions above its share,
+ * and claims free or expired ones up to it. A lease it cannot renew stops that partition at once.
+ * Closing the worker's scope stops its partitions and releases their leases, so others take over
+ * at their next tick; a killed worker's leases simply expire.
+ */
+import { randomBytes } from "node:crypto"
+import {
+  Cause,
+  Clock,
+  Context,
+  Deferred,
+  Effect,
+  Exit,
+  Fiber,
+  FiberSet,
+  Layer,
+  Option,
+  Schedule,
+  Scope,
+  Stream,
+} from "effect"
+import * as Consumer from "../../core/Consumer.ts"
+import { makeId } from "../../core/Ids.ts"
+import * as Kv from "../../core/Kv.ts"
+import { Nats, type NatsError } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
+import type { AnyActor } from "./Actor.ts"
+import {
+  type CrashPoint,
+  handle,
+  type LeaseExpired,
+  type PartitionRuntime,
+  type StaleOwner,
+} from "./internal/Handle.ts"
+import * as Leases from "./Leases.ts"
+import { type ActorRecord, recordSchema } from "./Record.ts"
+import { ActorSettings } from "./Settings.ts"
+
+export type { CrashPoint } from "./internal/Handle.ts"
+
+/**
+ * Test-only fault injection: the worker "dies" (stops everything, releases nothing, acks nothing)
+ * at `crashAt` on the first message `match` accepts.
+ */
+export class WorkerFaults extends Context.Tag("hangar/actors/WorkerFaults")<
+  WorkerFaults,
+  {
+    readonly crashAt: CrashPoint
+    readonly match?: (info: { readonly id: string; readonly tag: string; readonly seq: number }) => boolean
+  }
+>() {}
+
+export interface WorkerService {
+  readonly id: string
+  /** The partitions this worker owns now, as `<type>.<partition>`. */
+  readonly owned: Effect.Effect<ReadonlyArray<string>>
+  /** Completes when an injected fault has killed this worker. */
+  readonly crashed: Effect.Effect<void>
+}
+
+/** A running worker. */
+export class Worker extends Context.Tag("hangar/actors/Worker")<Worker, WorkerService>() {}
+
+interface Owned {
+  readonly actor: AnyActor
+  readonly partition: number
+  revision: number
+  deadline: number
+  readonly consumer: string
+  readonly fiber: Fiber.RuntimeFiber<void, unknown>
+}
+
+/** Starts a worker for `actors` in the current scope. */
+export const make = (actors: ReadonlyArray<AnyActor>) =>
+  Effect.gen(function* () {
+    const nats = yield* Nats
+    const { names } = yield* Storage
+    const settings = yield* ActorSettings.Tag
+    const faults = yield* Effect.serviceOption(WorkerFaults)
+    const workerId = settings.workerId || makeId("wrk")
+    const stream = names.streams.MAILBOX.name
+    const leases = yield* Leases.open(names.kv.leases.name)
+    const stores = new Map<string, Kv.Kv<ActorRecord<unknown>>>()
+    for (const actor of actors) {
+      stores.set(
+        actor.name,
+        (yield* Kv.make(names.kv.actors.name, recordSchema(actor))) as Kv.Kv<ActorRecord<unknown>>,
+      )
+    }
+    const owned = new Map<string, Owned>()
+    const crashed = yield* Deferred.make<void>()
+    let dead = false
+    const margin = Math.max(1, Math.floor(settings.leaseMs / 10))
+    const runnerScope = yield* Scope.make()
+
+    const fault: PartitionRuntime["fault"] = (point, info) =>
+      Option.isSome(faults) && faults.value.crashAt === point && !dead && (faults.value.match?.(info) ?? true)
+        ? Effect.gen(function* () {
+            dead = true
+            yield* Effect.logWarning("injected crash").pipe(
+              Effect.annotateLogs({ point, worker: workerId, ...info }),
+            )
+            yield* Deferred.succeed(crashed, undefined)
+            return yield* Effect.never
+          })
+        : Effect.void
+
+    const runPartition = (actor: AnyActor, partition: number, consumer: string, label: string) =>
+      Effect.gen(function* () {
+        yield* Consumer.create(stream, consumer, {
+          filter: names.subjects.mailboxPartition(actor.name, partition),
+          ackWaitMs: settings.ackWaitMs,
+          maxAckPending: settings.maxInFlight,
+        })
+        const deliveries = yield* Consumer.consume(stream, consumer)
+        const rt: PartitionRuntime = {
+          actor,
+          partition,
+          label,
+          kv: stores.get(actor.name)!,
+          names,
+          settings,
+          cache: new Map(),
+          leaseDeadline: () => owned.get(label)?.deadline ?? 0,
+          fault,
+        }
+        yield* Effect.logInfo("partition started").pipe(
+          Effect.annotateLogs({ worker: workerId, partition: label }),
+        )
+        // Messages of one actor run one after another in delivery order; different actors of the
+        // partition run side by side (up to `maxInFlight` unacknowledged), so one slow or retrying
+        // actor does not hold up the rest. A partition-stopping failure of any of them ends the lot.
+        const running = yield* FiberSet.make<void, LeaseExpired | StaleOwner>()
+        const tails = new Map<string, { readonly fiber: Fiber.RuntimeFiber<void, unknown> }>()
+        const dispatch = Stream.runForEach(deliveries, (d) =>
+          Effect.gen(function* () {
+            const id = d.subject.slice(d.subject.lastIndexOf(".") + 1)
+            const previous = tails.get(id)
+            const slot: { fiber: Fiber.RuntimeFiber<void, unknown> } = { fiber: undefined as never }
+            slot.fiber = yield* FiberSet.run(
+              running,
+              (previous ? Effect.asVoid(Fiber.await(previous.fiber)) : Effect.void).pipe(
+                Effect.zipRight(handle(rt, d)),
+                Effect.ensuring(
+                  Effect.sync(() => {
+                    if (tails.get(id) === slot) tails.delete(id)
+                  }),
+                ),
+              ),
+            )
+            tails.set(id, slot)
+          }),
+        )
+        yield* Effect.raceFirst(dispatch, FiberSet.join(running))
+      }).pipe(
+        Effect.scoped,
+        Effect.tapErrorCause((cause) =>
+          Cause.isInterruptedOnly(cause)
+            ? Effect.void
+            : Effect.logWarning("partition stopped", Cause.squash(cause)).pipe(
+                Effect.annotateLogs({ worker: workerId, partition: label }),
+              ),
+        ),
+        Effect.provideService(Nats, nats),
+      )
+
+    // Stops consuming first, then gives the lease back (only if still ours) for others to claim.
+    const release = (label: string, o: Owned, removeConsumer: boolean) =>
+      Effect.gen(function* () {
+        owned.delete(label)
+        yield* Fiber.interrupt(o.fiber)
+        if (removeConsumer) yield* Consumer.remove(stream, o.consumer).pipe(Effect.ignore)
+        yield* leases
+          .delete(Leases.leaseKey(o.actor.name, o.partition), { revision: o.revision })
+          .pipe(Effect.ignore)
+        yield* Effect.logInfo("partition released").pipe(
+          Effect.annotateLogs({ worker: workerId, partition: label }),
+        )
+      })
+
+    const lose = (label: string, o: Owned, reason: string) =>
+      Effect.gen(function* () {
+        owned.delete(label)
+        yield* Fiber.interrupt(o.fiber)
+        yield* Effect.logWarning("partition lost").pipe(
+          Effect.annotateLogs({ worker: workerId, partition: label, reason }),
+        )
+      })
+
+    const tickActor = (actor: AnyActor, workers: ReadonlyArray<string>, now: number) =>
+      Effect.gen(function* () {
+        const quota = Leases.quotaOf(workers, workerId, settings.partitions)
+        const expiresAt = now + settings.leaseMs
+        const mine = () => [...owned.entries()].filter(([, o]) => o.actor === actor)
+
+        // Renew what we hold; a partition whose fiber stopped (stale owner, consumer gone) is given back.
+        for (const [label, o] of mine()) {
+          if (Option.isSome(yield* Fiber.poll(o.fiber))) {
+            yield* release(label, o, true)
+            continue
+          }
+          const renewed = yield* leases
+            .update(
+              Leases.leaseKey(actor.name, o.partition),
+              { owner: workerId, expiresAt, consumer: o.consumer },
+              o.revision,
+            )
+            .pipe(Effect.either)
+          if (renewed._tag === "Right") {
+            o.revision = renewed.right
+            o.deadline = expiresAt - margin
+          } else if (renewed.left._tag === "StateConflict") {
+            yield* lose(label, o, "lease taken")
+          } else if (now >= o.deadline) {
+            yield* lose(label, o, "lease expired")
+          }
+        }
+
+        // Above our share: give the highest partitions back.
+        const held = mine().sort((a, b) => b[1].partition - a[1].partition)
+        for (const [label, o] of held.slice(0, Math.max(0, held.length - quota)))
+          yield* release(label, o, true)
+
+        // Below our share: claim free or expired partitions, starting at a worker-specific offset.
+        let missing = quota - mine().length
+        if (missing <= 0) return
+        const start = Number.parseInt(workerId.slice(-4), 32) % settings.partitions || 0
+        const order = Array.from(
+          { length: settings.partitions },
+          (_, i) => (start + i) % settings.partitions,
+        ).filter((p) => !owned.has(`${actor.name}.${p}`))
+        const current = yield* Effect.forEach(
+          order,
+          (p) => leases.get(Leases.leaseKey(actor.name, p)).pipe(Effect.map((e) => [p, e] as const)),
+          { concurrency: 8 },
+        )
+        for (const [p, entry] of current) {
+          if (missing <= 0) break
+          if (Option.isSome(entry) && entry.value.value.expiresAt > now) continue
+          const consumer = `c_${actor.name}_${p}_${randomBytes(4).toString("hex")}`
+          const claimed = yield* leases
+            .update(
+              Leases.leaseKey(actor.name, p),
+              { owner: workerId, expiresAt, consumer },
+              Option.isSome(entry) ? entry.value.revision : 0,
+            )
+            .pipe(Effect.option)
+          if (Option.isNone(claimed)) continue
+          missing--
+          const previous = Option.isSome(entry) ? entry.value.value.consumer : undefined
+          if (previous !== undefined) yield* Consumer.remove(stream, previous).pipe(Effect.ignore)
+          const label = `${actor.name}.${p}`
+          const fiber = yield* Effect.forkIn(runPartition(actor, p, consumer, label), runnerScope)
+          owned.set(label, {
+            actor,
+            partition: p,
+            revision: claimed.value,
+            deadline: expiresAt - margin,
+            consumer,
+            fiber,
+          })
+        }
+      })
+
+    const tick = Effect.gen(function* () {
+      if (dead) return yield* Effect.never
+      const now = yield* Clock.currentTimeMillis
+      yield* leases.put(Leases.presenceKey(workerId), { owner: workerId, expiresAt: now + settings.leaseMs })
+      const workers = yield* Leases.liveWorkers(leases, now)
+      for (const actor of actors) yield* tickActor(actor, workers, now)
+    }).pipe(
+      Effect.catchAll((error: NatsError | Kv.KvValueInvalid | Kv.StateConflict) =>
+        Effect.logWarning("lease tick failed").pipe(
+          Effect.annotateLogs({ worker: workerId, error: error._tag }),
+        ),
+      ),
+      Effect.provideService(Nats, nats),
+    )
+
+    // Registered before the loop is forked, so it runs after the loop has been interrupted.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        if (!dead) {
+          yield* Effect.forEach([...owned.entries()], ([label, o]) => release(label, o, true), {
+            discard: true,
+          })
+          yield* leases.delete(Leases.presenceKey(workerId)).pipe(Effect.ignore)
+        }
+        yield* Scope.close(runnerScope, Exit.void)
+      }).pipe(Effect.provideService(Nats, nats)),
+    )
+    yield* Effect.logInfo("worker started").pipe(
+      Effect.annotateLogs({ worker: workerId, actors: actors.map((a) => a.name) }),
+    )
+    yield* tick.pipe(Effect.repeat({ schedule: Schedule.spaced(settings.renewMs) }), Effect.forkScoped)
+
+    return {
+      id: workerId,
+      owned: Effect.sync(() => [...owned.keys()].sort()),
+      crashed: Deferred.await(crashed),
+    } satisfies WorkerService
+  })
+
+/** A worker for `actors` as a layer; its partitions are released when the layer's scope closes. */
+export const layer = (
+  actors: ReadonlyArray<AnyActor>,
+): Layer.Layer<Worker, NatsError, Nats | Storage | typeof ActorSettings.Tag.Identifier> =>
+  Layer.scoped(Worker, make(actors))
