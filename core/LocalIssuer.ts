@@ -7,21 +7,15 @@
  *
  * The key file is created on first use, mode 0600, atomically (written and fsynced under a
  * temporary name, then hard-linked to the final name, which fails if it exists), so processes
- * starting together all read the one file that won — the same scheme as `core/MasterKey.ts`.
+ * starting together all read the one file that won — through `core/SecretFile.ts`, as the master key is.
  */
-import {
-  createPrivateKey,
-  createPublicKey,
-  generateKeyPairSync,
-  type KeyObject,
-  randomBytes,
-} from "node:crypto"
-import { link, mkdir, open, readFile, unlink } from "node:fs/promises"
-import { dirname, join } from "node:path"
+import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject } from "node:crypto"
+import { join } from "node:path"
 import { Data, Effect } from "effect"
 import { SignJWT } from "jose"
 import { dataDir } from "../deploy/tools.mjs"
 import { defineSettings, env } from "./Config.ts"
+import { readOrCreate } from "./SecretFile.ts"
 
 /** The issuer name of local-mode tokens. */
 export const localIssuerName = "hangar-local"
@@ -68,52 +62,15 @@ export interface LocalIssuerKey {
   readonly kid: string
 }
 
-const isCode = (error: unknown, code: string) => (error as { code?: unknown } | null)?.code === code
-
-const createOnce = async (file: string): Promise<void> => {
-  const dir = dirname(file)
-  await mkdir(dir, { recursive: true, mode: 0o700 })
-  const temp = `${file}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`
-  const { privateKey } = generateKeyPairSync("ed25519")
-  const pem = privateKey.export({ format: "pem", type: "pkcs8" }) as string
-  try {
-    const handle = await open(temp, "wx", 0o600)
-    try {
-      await handle.writeFile(pem)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-    try {
-      await link(temp, file)
-    } catch (error) {
-      if (!isCode(error, "EEXIST")) throw error
-    }
-    const dirHandle = await open(dir, "r")
-    try {
-      await dirHandle.sync()
-    } finally {
-      await dirHandle.close()
-    }
-  } finally {
-    await unlink(temp).catch(() => undefined)
-  }
-}
-
-const readOrCreate = async (file: string): Promise<string> => {
-  try {
-    return await readFile(file, "utf8")
-  } catch (error) {
-    if (!isCode(error, "ENOENT")) throw error
-  }
-  await createOnce(file)
-  return readFile(file, "utf8")
-}
-
 /** Loads the local issuer's key pair, creating the file (0600, atomically) when absent. */
 export const loadKey = (file: string): Effect.Effect<LocalIssuerKey, IssuerKeyError> =>
   Effect.tryPromise({
-    try: () => readOrCreate(file),
+    try: () =>
+      readOrCreate(file, () =>
+        Buffer.from(
+          generateKeyPairSync("ed25519").privateKey.export({ format: "pem", type: "pkcs8" }) as string,
+        ),
+      ).then((bytes) => bytes.toString("utf8")),
     catch: (cause) => new IssuerKeyError({ file, reason: "cannot read or create", cause }),
   }).pipe(
     Effect.flatMap((pem) =>

@@ -11,12 +11,13 @@
  * The key lives only in a `KeyObject` (native memory, prints as `SecretKeyObject`), never in a log.
  */
 import { createSecretKey, type KeyObject, randomBytes } from "node:crypto"
-import { link, mkdir, open, readFile, stat, unlink } from "node:fs/promises"
-import { dirname, join } from "node:path"
+import { stat } from "node:fs/promises"
+import { join } from "node:path"
 import { Context, Data, Effect, Layer, Redacted } from "effect"
 import { dataDir } from "../deploy/tools.mjs"
 import { type DecryptFailed, KEY_BYTES, lengthPrefixed, openValue, sealValue } from "./Aead.ts"
 import { defineSettings, env } from "./Config.ts"
+import { readOrCreate } from "./SecretFile.ts"
 
 /** The master key's source holds no usable key (wrong length, bad encoding); the process must not start. */
 export class MasterKeyInvalid extends Data.TaggedError("MasterKeyInvalid")<{
@@ -83,50 +84,6 @@ const toKey = (bytes: Uint8Array, source: string): Effect.Effect<KeyObject, Mast
     return Effect.succeed(key)
   })
 
-const isCode = (error: unknown, code: string) => (error as { code?: unknown } | null)?.code === code
-
-// Creates the key file if it is missing; losing the race to another process is fine (EEXIST).
-const createOnce = async (file: string): Promise<void> => {
-  const dir = dirname(file)
-  await mkdir(dir, { recursive: true, mode: 0o700 })
-  const temp = `${file}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`
-  const fresh = randomBytes(KEY_BYTES)
-  try {
-    const handle = await open(temp, "wx", 0o600)
-    try {
-      await handle.writeFile(fresh)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-    try {
-      await link(temp, file)
-    } catch (error) {
-      if (!isCode(error, "EEXIST")) throw error
-    }
-    // Make the new name durable before anything is wrapped with the key it names.
-    const dirHandle = await open(dir, "r")
-    try {
-      await dirHandle.sync()
-    } finally {
-      await dirHandle.close()
-    }
-  } finally {
-    fresh.fill(0)
-    await unlink(temp).catch(() => undefined)
-  }
-}
-
-const readOrCreate = async (file: string): Promise<Buffer> => {
-  try {
-    return await readFile(file)
-  } catch (error) {
-    if (!isCode(error, "ENOENT")) throw error
-  }
-  await createOnce(file)
-  return readFile(file)
-}
-
 /**
  * Loads the key file, creating it (0600, atomically) when absent; a file of the wrong length is
  * `MasterKeyInvalid`. A file readable by group or others is used but warned about.
@@ -134,7 +91,7 @@ const readOrCreate = async (file: string): Promise<Buffer> => {
 export const loadFile = (file: string): Effect.Effect<KeyObject, MasterKeyInvalid | MasterKeyUnavailable> =>
   Effect.gen(function* () {
     const bytes = yield* Effect.tryPromise({
-      try: () => readOrCreate(file),
+      try: () => readOrCreate(file, () => randomBytes(KEY_BYTES)),
       catch: (cause) => new MasterKeyUnavailable({ reason: `cannot read or create ${file}`, cause }),
     })
     const key = yield* toKey(bytes, file)
