@@ -1,4 +1,4 @@
-import { ConfigProvider, Effect, Layer, Redacted } from "effect"
+import { ConfigProvider, Effect, type Layer, Redacted } from "effect"
 import { describe, expect, it } from "vitest"
 import { defineSettings, env } from "./Config.ts"
 

@@ -44,7 +44,8 @@ export const defineSettings = <const Id extends string, S extends object>(
 
 /** `HANGAR_<NAME>` with a default, for the common case of a setting read from one variable. */
 export const env = {
-  string: (name: string, fallback: string) => Config.string(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
+  string: (name: string, fallback: string) =>
+    Config.string(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
   integer: (name: string, fallback: number) =>
     Config.integer(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
   boolean: (name: string, fallback: boolean) =>

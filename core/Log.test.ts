@@ -42,9 +42,7 @@ describe("JSON logger", () => {
     const lines: Array<string> = []
     const cyclic: Record<string, unknown> = { name: "a" }
     cyclic.self = cyclic
-    Effect.runSync(
-      Effect.logInfo(cyclic, new Uint8Array(12), 10n).pipe(Effect.provide(layerCollect(lines))),
-    )
+    Effect.runSync(Effect.logInfo(cyclic, new Uint8Array(12), 10n).pipe(Effect.provide(layerCollect(lines))))
     const entry = JSON.parse(lines[0]!)
     expect(entry.msg).toEqual([{ name: "a", self: "[cycle]" }, "<12 bytes>", "10"])
   })

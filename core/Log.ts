@@ -5,8 +5,9 @@
  * at any depth of a message or annotation, with "<redacted>" before anything is written, so a
  * secret can never reach a log line by accident. Errors are written as their tag and message only.
  */
-import { Cause, HashMap, List, Logger, Redacted } from "effect"
+
 import type { Layer } from "effect"
+import { Cause, HashMap, List, Logger, Redacted } from "effect"
 
 const REDACTED = "<redacted>"
 
@@ -49,10 +50,7 @@ export const render = (options: Logger.Logger.Options<unknown>): string => {
   const now = options.date.getTime()
   for (const span of List.toArray(options.spans)) entry[`${span.label}_ms`] = now - span.startTime
   if (!Cause.isEmpty(options.cause)) {
-    entry.cause = Cause.pretty(options.cause, { renderErrorCause: false })
-      .split("\n")
-      .slice(0, 8)
-      .join("\n")
+    entry.cause = Cause.pretty(options.cause, { renderErrorCause: false }).split("\n").slice(0, 8).join("\n")
   }
   return JSON.stringify(entry, (_k, v) => (Redacted.isRedacted(v) ? REDACTED : v))
 }
@@ -70,5 +68,3 @@ export const layerCollect = (lines: Array<string>): Layer.Layer<never> =>
     Logger.defaultLogger,
     jsonLogger((line) => lines.push(line)),
   )
-
-
