@@ -99,3 +99,29 @@ export const scoped = (
 
 /** The limits of a spec: its size, with the test-only overrides applied. */
 export const limitsOf = (spec: MachineSpec): Size => ({ ...sizes[spec.size], ...spec.override })
+
+/**
+ * The sshd configuration every driver gives its guest: root by the host agent's key only, the
+ * machine's own host key, no PAM or DNS lookups (they cost start time and need nothing), and many
+ * sessions on one connection because every command is a channel of the host agent's one session.
+ */
+export const guestSshdConfig = (listenAddress: string) =>
+  `${[
+    `ListenAddress ${listenAddress}:22`,
+    "HostKey /etc/ssh/hangar_host_key",
+    "AuthorizedKeysFile /etc/ssh/hangar_authorized_keys",
+    "PermitRootLogin prohibit-password",
+    "PubkeyAuthentication yes",
+    "PasswordAuthentication no",
+    "KbdInteractiveAuthentication no",
+    "UsePAM no",
+    "StrictModes no",
+    "UseDNS no",
+    "PrintMotd no",
+    "PrintLastLog no",
+    "PidFile none",
+    "MaxSessions 1024",
+    "MaxStartups 100:30:200",
+    "Subsystem sftp internal-sftp",
+    "LogLevel ERROR",
+  ].join("\n")}\n`

@@ -16,6 +16,7 @@ import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
 import {
+  guestSshdConfig,
   limitsOf,
   type Machine,
   MachineCreateFailed,
@@ -51,28 +52,6 @@ export const NamespaceDriverSettings = defineSettings(
 type Settings = typeof NamespaceDriverSettings.defaults
 
 const ID = /^[a-z0-9_]{1,64}$/
-
-const sshdConfig = (guestAddress: string) =>
-  `${[
-    `ListenAddress ${guestAddress}:22`,
-    "HostKey /etc/ssh/hangar_host_key",
-    "AuthorizedKeysFile /etc/ssh/hangar_authorized_keys",
-    "PermitRootLogin prohibit-password",
-    "PubkeyAuthentication yes",
-    "PasswordAuthentication no",
-    "KbdInteractiveAuthentication no",
-    "UsePAM no",
-    "StrictModes no",
-    "UseDNS no",
-    "PrintMotd no",
-    "PrintLastLog no",
-    "PidFile none",
-    // Commands run concurrently as channels of one connection.
-    "MaxSessions 1024",
-    "MaxStartups 100:30:200",
-    "Subsystem sftp internal-sftp",
-    "LogLevel ERROR",
-  ].join("\n")}\n`
 
 // Runs as the machine's first process: joins the cgroups, enters the netns and a private mount
 // namespace, mounts the root overlay and the workspace, then becomes bwrap running sshd. (Commands
@@ -165,7 +144,7 @@ const createNow = async (
     const hostPublic = `${hostKey.type} ${hostKey.getPublicSSH().toString("base64")}`
     await fs.writeFile(join(dir, "upper/etc/ssh/hangar_host_key"), spec.hostKey, { mode: 0o600 })
     await fs.writeFile(join(dir, "upper/etc/ssh/hangar_authorized_keys"), `${spec.authorizedKey.trim()}\n`)
-    await fs.writeFile(join(dir, "upper/etc/ssh/sshd_config"), sshdConfig(net.guestAddress))
+    await fs.writeFile(join(dir, "upper/etc/ssh/sshd_config"), guestSshdConfig(net.guestAddress))
 
     step = "workspace"
     const image = join(dir, "workspace.img")

@@ -6,6 +6,7 @@
  * new root. Stage two runs as pid 1 in the base's own `/bin/sh`: it keeps sshd running, and since
  * a shell waiting in the foreground reaps every child, orphaned processes do not pile up as zombies.
  */
+import { guestSshdConfig } from "../MachineDriver.ts"
 import { newc } from "./Cpio.ts"
 
 /** Modules the initramfs loads, in this order (each after the modules it depends on). */
@@ -68,32 +69,11 @@ umount /proc /sys /dev
 exec switch_root -c /dev/console /newroot /bin/sh -c '${stage2}'
 `
 
-const sshdConfig = `${[
-  `ListenAddress ${GUEST_ADDRESS}:22`,
-  "HostKey /etc/ssh/hangar_host_key",
-  "AuthorizedKeysFile /etc/ssh/hangar_authorized_keys",
-  "PermitRootLogin prohibit-password",
-  "PubkeyAuthentication yes",
-  "PasswordAuthentication no",
-  "KbdInteractiveAuthentication no",
-  "UsePAM no",
-  "StrictModes no",
-  "UseDNS no",
-  "PrintMotd no",
-  "PrintLastLog no",
-  "PidFile none",
-  // Commands run concurrently as channels of one connection.
-  "MaxSessions 1024",
-  "MaxStartups 100:30:200",
-  "Subsystem sftp internal-sftp",
-  "LogLevel ERROR",
-].join("\n")}\n`
-
 /** The per-machine archive appended to the shared initramfs: sshd's config and the machine's keys. */
 export const configArchive = (hostKey: string, authorizedKey: string): Buffer =>
   newc([
     { type: "dir", path: "hangar", mode: 0o700 },
-    { type: "file", path: "hangar/sshd_config", data: Buffer.from(sshdConfig) },
+    { type: "file", path: "hangar/sshd_config", data: Buffer.from(guestSshdConfig(GUEST_ADDRESS)) },
     { type: "file", path: "hangar/authorized_keys", data: Buffer.from(`${authorizedKey.trim()}\n`) },
     { type: "file", path: "hangar/host_key", data: Buffer.from(hostKey), mode: 0o600 },
   ])
