@@ -1,6 +1,6 @@
 import { expect, layer } from "@effect/vitest"
 import { Effect, Layer, Schema } from "effect"
-import { storageNames } from "../schema/Subjects.ts"
+import { kvBuckets, objectStores, storageNames, streams } from "../schema/Subjects.ts"
 import { layerWithNats, NatsServer } from "../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
@@ -36,6 +36,8 @@ layer(layerWithNats)("Storage.ensure", (it) => {
       expect((yield* streamInfo(`KV_${names.kv.invites.name}`)).config.max_age).toBe(7 * DAY_NS)
       expect((yield* streamInfo(`KV_${names.kv.runs.name}`)).config.max_age).toBe(30 * DAY_NS)
       expect((yield* streamInfo(`KV_${names.kv.accounts.name}`)).config.max_age).toBe(0)
+      expect((yield* streamInfo(`KV_${names.kv.uploads.name}`)).config.max_age).toBe(30 * DAY_NS)
+      expect((yield* streamInfo(`KV_${names.kv.hosts.name}`)).config.max_age).toBe(60 * 1_000_000_000)
       for (const o of ["inputs", "outputs", "logs", "files"] as const) {
         expect((yield* streamInfo(`OBJ_${names.objects[o].name}`)).config.max_age).toBe(30 * DAY_NS)
       }
@@ -45,7 +47,7 @@ layer(layerWithNats)("Storage.ensure", (it) => {
         for await (const n of jsm.streams.names()) if (n.includes(names.prefix)) out.push(n)
         return out
       })
-      expect(all).toHaveLength(13 + 4 + 4)
+      expect(all).toHaveLength(kvBuckets.length + streams.length + objectStores.length)
     }),
   )
 
