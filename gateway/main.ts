@@ -4,24 +4,29 @@
  * runs it alone (cli/main.ts).
  */
 import { Layer } from "effect"
+import type { Accounts as AccountStore } from "../core/Accounts.ts"
 import { IssuerSettings } from "../core/LocalIssuer.ts"
 import * as Accounts from "./accounts/routes.ts"
 import * as Auth from "./auth/Auth.ts"
+import * as Definitions from "./functions/group.ts"
 import * as Health from "./Health.ts"
+import * as OpenApi from "./openapi/OpenApi.ts"
 import * as RateLimit from "./RateLimit.ts"
 import * as Server from "./Server.ts"
 
-/** Every route the gateway serves; each route group contributes its `routes`. */
-export const routes = [...Health.routes, ...Accounts.routes]
+const served = [...Health.routes, ...Accounts.routes, ...Definitions.routes]
+/** Every route the gateway serves; each route group contributes its `routes`, and the document of them all. */
+export const routes = [...served, ...OpenApi.routesFor(served)]
 
 /**
  * The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice);
  * like every role it needs the process's NATS connection and storage.
  */
-export const layer = Server.layer(routes).pipe(
+export const layer = Server.layer<Auth.Auth | AccountStore | Definitions.Services>(routes).pipe(
   Layer.provide(RateLimit.layer),
   Layer.provide(RateLimit.RateLimitSettings.layerFromEnv),
   Layer.provide(Server.HttpSettings.layerFromEnv),
   Layer.provide(Auth.layerAll),
+  Layer.provide(Definitions.layerFromEnv),
   Layer.provide(IssuerSettings.layerFromEnv),
 )
