@@ -1,22 +1,33 @@
 /**
- * Gateway overhead: `GET /v1/health` through the full gateway (routing, rate limit, request id,
- * Effect fiber per request, access log rendered as JSON) against a bare uWS route answering the
- * same bytes, both in this process. autocannon drives each in turn from a second process on
- * loopback (its CLI, spawned with `-j`), and the script prints requests/s, p50/p99 latency and the
- * gateway/bare ratio. Both share the machine's cores with the load generator, so read the ratio
- * rather than the absolute figures. Stops by itself in about 25 s with the defaults.
+ * Gateway overhead, each target driven in turn by autocannon from a second process on loopback
+ * (its CLI, spawned with `-j`), against one real nats-server:
+ *
+ * - bare uWS: the same bytes as `/v1/health` from a bare route (the baseline);
+ * - `GET /v1/health` through the full gateway (routing, rate limit, request id, an Effect fiber per
+ *   request, the access log rendered as JSON and discarded);
+ * - `GET /v1/tools` with an admin key: authenticated (token hash, key cache, account record);
+ * - `GET /v1/account` with the owner's ID token and `Service-Account`: a person (JWT verification,
+ *   membership). The spec gives this route to people only, so an admin key gets `people_only`;
+ * - `GET /v1/tools` with the admin key paced at 1,000 requests/s, for p99 under a steady load.
+ *
+ * It prints requests/s, p50/p99 and each target's ratio to the bare route. Both sides share the
+ * machine's two cores with the load generator; read the ratios. Stops by itself in about a minute.
  *
  *   node --import tsx bench/gateway.ts [seconds per target, default 6] [connections, default 50]
  */
 
 import uWS from "uWebSockets.js"
 import { spawn } from "node:child_process"
+import { mkdtemp, rm } from "node:fs/promises"
 import { createRequire } from "node:module"
-import { Context, Effect, Exit, Layer, Logger, Scope } from "effect"
-import { jsonLogger } from "../core/Log.ts"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Accounts from "../gateway/accounts/routes.ts"
+import { personToken, run, startGateway } from "../gateway/auth/testing.ts"
 import * as Health from "../gateway/Health.ts"
-import * as RateLimit from "../gateway/RateLimit.ts"
-import * as Server from "../gateway/Server.ts"
+import * as Tools from "../gateway/tools/Tools.ts"
+import { startNatsServer } from "../test/harness/NatsServer.ts"
+import { uniquePrefix } from "../test/harness/names.ts"
 
 const seconds = Number(process.argv[2] ?? 6)
 const connections = Number(process.argv[3] ?? 50)
@@ -31,13 +42,18 @@ interface Figures {
 }
 
 // autocannon in its own process, so the load generator does not share this event loop.
-const drive = (url: string): Promise<Figures> =>
+const drive = (
+  url: string,
+  headers: Record<string, string> = {},
+  options: { readonly rate?: number } = {},
+): Promise<Figures> =>
   new Promise((resolve, reject) => {
-    const child = spawn(
-      process.execPath,
-      [autocannon, "-j", "-c", String(connections), "-d", String(seconds), "-W", "[-c 10 -d 1]", url],
-      { stdio: ["ignore", "pipe", "inherit"] },
-    )
+    const args = ["-j", "-c", String(connections), "-d", String(seconds), "-W", "[-c 10 -d 1]"]
+    for (const [name, value] of Object.entries(headers)) args.push("-H", `${name}=${value}`)
+    if (options.rate !== undefined) args.push("-R", String(options.rate))
+    const child = spawn(process.execPath, [autocannon, ...args, url], {
+      stdio: ["ignore", "pipe", "inherit"],
+    })
     let out = ""
     child.stdout.on("data", (d: Buffer) => {
       out += d.toString()
@@ -77,42 +93,52 @@ const main = async () => {
   const guard = setTimeout(() => {
     process.stderr.write("bench/gateway: did not finish in time\n")
     process.exit(1)
-  }, 60_000)
-  // The access log is rendered as in production and thrown away, so its cost is measured.
-  const logged = { lines: 0 }
-  const scope = Effect.runSync(Scope.make())
-  const layer = Server.layer(Health.routes).pipe(
-    Layer.provide(RateLimit.layer),
-    Layer.provide(RateLimit.RateLimitSettings.layer({ perSecond: 1e9, burst: 1e9 })),
-    Layer.provide(Server.HttpSettings.layer({ addr: "127.0.0.1:0" })),
-  )
-  const context = await Effect.runPromise(
-    Layer.buildWithScope(layer, scope).pipe(
-      Effect.provide(
-        Logger.replace(
-          Logger.defaultLogger,
-          jsonLogger(() => {
-            logged.lines++
-          }),
-        ),
-      ),
-    ),
-  )
-  const gateway = Context.get(context, Server.Server)
+  }, 150_000)
+  const nats = await startNatsServer()
+  const dir = await mkdtemp(join(tmpdir(), "hangar-bench-gateway-"))
+  const keyFile = join(dir, "issuer.key")
+  const gateway = await startGateway([...Health.routes, ...Accounts.routes, ...Tools.routes], {
+    natsUrl: nats.url,
+    prefix: uniquePrefix(),
+    keyFile,
+    discardLogs: true,
+  })
+  // An account, its owner's ID token, and an admin key made through the API as a caller would.
+  const owner = "owner@bench.example"
+  const { account } = await run(gateway.accounts.createAccount("bench", owner))
+  const person = {
+    authorization: `Bearer ${await personToken(keyFile, owner)}`,
+    "service-account": account.id,
+  }
+  const created = await fetch(`${gateway.url}/v1/keys`, {
+    method: "POST",
+    headers: { ...person, "content-type": "application/json" },
+    body: JSON.stringify({ name: "bench", scope: "admin" }),
+  })
+  if (created.status !== 201) throw new Error(`creating the admin key answered ${created.status}`)
+  const admin = { authorization: `Bearer ${((await created.json()) as { token: string }).token}` }
   const baseline = await bare()
 
-  const b = await drive(`http://127.0.0.1:${baseline.port}/v1/health`)
-  const g = await drive(`${gateway.url}/v1/health`)
+  const rows: Array<[string, Figures]> = [
+    ["bare uWS", await drive(`http://127.0.0.1:${baseline.port}/v1/health`)],
+    ["health", await drive(`${gateway.url}/v1/health`)],
+    ["tools, admin key", await drive(`${gateway.url}/v1/tools`, admin)],
+    ["account, person", await drive(`${gateway.url}/v1/account`, person)],
+    ["tools @1000/s", await drive(`${gateway.url}/v1/tools`, admin, { rate: 1000 })],
+  ]
   baseline.close()
-  await Effect.runPromise(Scope.close(scope, Exit.void))
+  await gateway.close()
+  await nats.stop()
+  await rm(dir, { recursive: true, force: true })
   clearTimeout(guard)
 
-  const row = (name: string, f: Figures) =>
-    `${name.padEnd(10)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   errors ${f.errors}   non-2xx ${f.non2xx}`
-  console.log(`GET /v1/health, ${connections} connections, ${seconds} s each, autocannon in a child process`)
-  console.log(row("bare uWS", b))
-  console.log(row("gateway", g))
-  console.log(`gateway/bare throughput ratio ${(g.rps / b.rps).toFixed(2)}; access log lines ${logged.lines}`)
+  const base = rows[0]![1].rps
+  console.log(`${connections} connections, ${seconds} s each, autocannon in a child process`)
+  for (const [name, f] of rows) {
+    console.log(
+      `${name.padEnd(18)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   ratio ${(f.rps / base).toFixed(2)}   errors ${f.errors}   non-2xx ${f.non2xx}`,
+    )
+  }
 }
 
 main().then(

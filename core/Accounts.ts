@@ -77,6 +77,10 @@ export const emailKey = (email: string): string => Buffer.from(email.toLowerCase
 export const keysOf = {
   // user.<b64(email)>
   user: (email: string) => `user.${emailKey(email)}`,
+  // user.>
+  users: "user.>",
+  // member.>
+  members: "member.>",
   // member.<acc>.<usr>
   member: (account: string, user: string) => `member.${account}.${user}`,
   // member.<acc>.*

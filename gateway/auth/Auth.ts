@@ -57,19 +57,19 @@ const orInternal = <A, E>(fx: Effect.Effect<A, E>): Effect.Effect<A, ApiError> =
 /** Builds the auth step. */
 export const make = Effect.gen(function* () {
   const accounts = yield* Accounts
-  const keyCache = yield* KeyCache
+  const cache = yield* KeyCache
   const idTokens = yield* IdTokens
 
   const keyPrincipal = (token: string): Effect.Effect<AccountKey, ApiError> =>
     Effect.gen(function* () {
       if (!isKeyToken(token)) return yield* Effect.fail(unauthenticated)
       const hash = hashToken(token)
-      const found = yield* orInternal(keyCache.lookup(hash))
+      const found = yield* orInternal(cache.lookup(hash))
       if (Option.isNone(found) || !sameHash(found.value.hash, hash))
         return yield* Effect.fail(unauthenticated)
       const key = found.value.key
       if (key.revoked_at !== undefined) return yield* Effect.fail(unauthenticated)
-      const account = yield* orInternal(accounts.account(key.account))
+      const account = yield* orInternal(cache.account(key.account))
       if (Option.isNone(account)) return yield* Effect.fail(unauthenticated)
       return { _tag: "AccountKey", key, account: account.value } as const
     })
@@ -77,7 +77,9 @@ export const make = Effect.gen(function* () {
   const personOf = (token: string): Effect.Effect<Person, ApiError> =>
     Effect.gen(function* () {
       const identity = yield* idTokens.verify(token)
-      const user = yield* orInternal(accounts.ensureUser(identity.email))
+      // A person seen before is read from memory; the first sight of one writes the record.
+      const known = yield* orInternal(cache.user(identity.email.toLowerCase()))
+      const user = Option.isSome(known) ? known.value : yield* orInternal(accounts.ensureUser(identity.email))
       return { _tag: "Person", user: user.user, email: user.email } as const
     })
 
@@ -118,7 +120,7 @@ export const make = Effect.gen(function* () {
       if (named === undefined || named === "") return yield* Effect.fail(ApiError.accountRequired())
       if (!isAccountId(named)) return yield* Effect.fail(ApiError.notAMember())
       const [account, membership] = yield* orInternal(
-        Effect.all([accounts.account(named), accounts.member(named, who.user)], { concurrency: 2 }),
+        Effect.all([cache.account(named), cache.member(named, who.user)], { concurrency: 2 }),
       )
       if (Option.isNone(account) || Option.isNone(membership))
         return yield* Effect.fail(ApiError.notAMember())

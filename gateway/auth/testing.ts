@@ -3,7 +3,7 @@
  * (storage under the given prefix, local issuer key in the given file), and ID tokens minted by
  * that issuer.
  */
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Logger, Scope } from "effect"
 import { Accounts, type AccountsService } from "../../core/Accounts.ts"
 import { IssuerSettings, loadKey, mint } from "../../core/LocalIssuer.ts"
 import * as Log from "../../core/Log.ts"
@@ -31,6 +31,8 @@ export const startGateway = async (
     readonly prefix: string
     readonly keyFile: string
     readonly issuer?: Partial<typeof IssuerSettings.defaults>
+    /** Render log lines and drop them instead of collecting them (benchmarks). */
+    readonly discardLogs?: boolean
   },
 ): Promise<TestGateway> => {
   const lines: Array<string> = []
@@ -47,7 +49,16 @@ export const startGateway = async (
     Layer.provideMerge(base),
   )
   const exit = await Effect.runPromiseExit(
-    Layer.buildWithScope(layer, scope).pipe(Effect.provide(Log.layerCollect(lines))),
+    Layer.buildWithScope(layer, scope).pipe(
+      Effect.provide(
+        options.discardLogs
+          ? Logger.replace(
+              Logger.defaultLogger,
+              Log.jsonLogger(() => {}),
+            )
+          : Log.layerCollect(lines),
+      ),
+    ),
   )
   if (Exit.isFailure(exit)) {
     await Effect.runPromise(Scope.close(scope, exit))

@@ -1,0 +1,55 @@
+import { expect, layer } from "@effect/vitest"
+import { Clock, Effect, Option, Schema } from "effect"
+import { layerAll } from "../test/harness/NatsServer.ts"
+import { uniqueName } from "../test/harness/names.ts"
+import * as Kv from "./Kv.ts"
+import * as KvCache from "./KvCache.ts"
+import { Storage } from "./Storage.ts"
+
+const Value = Schema.Struct({ n: Schema.Number })
+const bucket = Effect.flatMap(Storage, (s) => Kv.make(s.names.kv.accounts.name, Value))
+
+// Waits (on the real clock) until `read` satisfies `ok`: the watch delivers writes asynchronously.
+const eventually = <A, E, R>(read: Effect.Effect<A, E, R>, ok: (a: A) => boolean) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 200; i++) {
+      const a = yield* read
+      if (ok(a)) return a
+      yield* Effect.sleep("10 millis")
+    }
+    return yield* read
+  }).pipe(Effect.withClock(Clock.make()))
+
+layer(layerAll())("KvCache", (it) => {
+  it.scoped("serves a read from memory, and writes made elsewhere replace it", () =>
+    Effect.gen(function* () {
+      const writer = yield* bucket
+      const cache = yield* KvCache.make(yield* bucket, ">")
+      const key = uniqueName("k")
+      expect(Option.isNone(yield* cache.get(key))).toBe(true)
+      const r1 = yield* writer.create(key, { n: 1 })
+      expect(yield* cache.get(key)).toEqual(Option.some({ n: 1 }))
+      yield* writer.update(key, { n: 2 }, r1)
+      expect(yield* eventually(cache.get(key), (v) => Option.getOrUndefined(v)?.n === 2)).toEqual(
+        Option.some({ n: 2 }),
+      )
+      yield* writer.delete(key)
+      expect(Option.isNone(yield* eventually(cache.get(key), Option.isNone))).toBe(true)
+    }),
+  )
+
+  it.scoped("a watched write newer than a cached read wins; the cache never goes back", () =>
+    Effect.gen(function* () {
+      const writer = yield* bucket
+      const cache = yield* KvCache.make(yield* bucket, ">")
+      const key = uniqueName("k")
+      let revision = yield* writer.create(key, { n: 0 })
+      expect(yield* cache.get(key)).toEqual(Option.some({ n: 0 }))
+      for (let n = 1; n <= 20; n++) revision = yield* writer.update(key, { n }, revision)
+      const last = yield* eventually(cache.get(key), (v) => Option.getOrUndefined(v)?.n === 20)
+      expect(last).toEqual(Option.some({ n: 20 }))
+      // Once at the newest value it stays there.
+      expect(yield* cache.get(key)).toEqual(Option.some({ n: 20 }))
+    }),
+  )
+})

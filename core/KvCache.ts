@@ -1,0 +1,90 @@
+/**
+ * A KV bucket's values under a filter, cached in this process's memory and kept current by a KV
+ * watch, so a hot path (every authenticated request) reads them without a round trip, and a write
+ * made anywhere (a revoked key, a suspended account) reaches every process as soon as NATS pushes
+ * it, with no expiry-based staleness.
+ *
+ * Correctness rules:
+ * - the cache is used only while its watch is subscribed (`live`); a read that starts before the
+ *   watch is subscribed, or after it broke, goes to KV and is not cached;
+ * - every watched write is applied (newer revision wins), and a KV read is cached only if no newer
+ *   revision got there first, so a slow read can never put an old value back;
+ * - when the watch fails the cache is dropped and a new watch starts a second later.
+ *
+ * The watch delivers updates only; values enter the cache when first read. Memory grows with the
+ * number of distinct keys read, which for accounts, people, memberships and keys is small.
+ */
+import { Deferred, Effect, Option, Schedule, type Scope, Stream } from "effect"
+import type { Kv, KvValueInvalid } from "./Kv.ts"
+import type { NatsError } from "./Nats.ts"
+
+/** Cached reads of one KV view. */
+export interface KvCache<A> {
+  /** The value at `key` (absent when deleted), from memory while the watch is live, else from KV. */
+  readonly get: (key: string) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
+}
+
+interface Cached<A> {
+  readonly revision: number
+  readonly value: A | undefined
+}
+
+/** Starts the cache's watch for the life of the scope; ready once the watch is subscribed. */
+export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const cache = new Map<string, Cached<A>>()
+    let live = false
+    let generation = 0
+    const ready = yield* Deferred.make<void>()
+
+    const apply = (key: string, next: Cached<A>) => {
+      const seen = cache.get(key)
+      if (!seen || seen.revision < next.revision) cache.set(key, next)
+    }
+
+    const watchOnce = Effect.scoped(
+      Effect.gen(function* () {
+        const changes = yield* kv.watchScoped(filter, { include: "updates" })
+        live = true
+        yield* Deferred.succeed(ready, undefined)
+        yield* Stream.runForEach(changes, (c) =>
+          Effect.sync(() =>
+            apply(c.key, { revision: c.revision, value: c._tag === "Put" ? c.value : undefined }),
+          ),
+        )
+      }),
+    ).pipe(
+      Effect.ensuring(
+        Effect.sync(() => {
+          live = false
+          generation++
+          cache.clear()
+        }),
+      ),
+      Effect.tapError((e) =>
+        Effect.logWarning("KV cache watch failed; restarting", e).pipe(
+          Effect.annotateLogs({ bucket: kv.bucket }),
+        ),
+      ),
+    )
+    yield* Effect.forkScoped(watchOnce.pipe(Effect.retry(Schedule.spaced("1 second")), Effect.forever))
+    yield* Deferred.await(ready)
+
+    const get: KvCache<A>["get"] = (key) =>
+      Effect.suspend(() => {
+        if (live) {
+          const hit = cache.get(key)
+          if (hit) return Effect.succeed(Option.fromNullable(hit.value))
+        }
+        const cacheable = live
+        const started = generation
+        return Effect.map(kv.get(key), (found) => {
+          if (cacheable && live && generation === started && Option.isSome(found)) {
+            apply(key, { revision: found.value.revision, value: found.value.value })
+          }
+          return Option.map(found, (e) => e.value)
+        })
+      })
+
+    return { get }
+  })
