@@ -4,6 +4,7 @@ import { expect, layer } from "@effect/vitest"
 import { Chunk, Data, Effect, Option, Stream } from "effect"
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
+import { attempt, Nats } from "./Nats.ts"
 import * as ObjectStore from "./ObjectStore.ts"
 import { Storage } from "./Storage.ts"
 
@@ -17,6 +18,17 @@ const readAll = (store: ObjectStore.ObjectStore, name: string) =>
   })
 
 class SourceBroke extends Data.TaggedError("SourceBroke")<{}> {}
+
+// Chunk messages held in the bucket's stream, all objects together (tests compare before and after).
+const storedChunks = (store: ObjectStore.ObjectStore) =>
+  Effect.flatMap(Nats, ({ jsm }) =>
+    attempt("chunks", async () => {
+      const info = await jsm.streams.info(`OBJ_${store.bucket}`, {
+        subjects_filter: `$O.${store.bucket}.C.>`,
+      })
+      return Object.values(info.state.subjects ?? {}).reduce((a, b) => a + b, 0)
+    }),
+  )
 
 layer(layerAll())("ObjectStore", (it) => {
   for (const size of [0, 1, 128 * 1024, 128 * 1024 + 1, 700_001]) {
@@ -43,10 +55,14 @@ layer(layerAll())("ObjectStore", (it) => {
       const store = yield* files
       const name = uniqueName("obj")
       const first = randomBytes(300_000)
+      const before = yield* storedChunks(store)
       yield* store.put(name, Readable.from([first.subarray(0, 1000), first.subarray(1000)]))
       expect((yield* readAll(store, name)).bytes.equals(first)).toBe(true)
+      expect(yield* storedChunks(store)).toBe(before + 3)
       const second = Buffer.from("second version")
       const info = yield* store.put(name, Readable.from([second]), { description: "v2" })
+      // The replaced object's three chunks are gone; the new one has one.
+      expect(yield* storedChunks(store)).toBe(before + 1)
       expect(yield* store.info(name)).toEqual(Option.some(info))
       expect((yield* readAll(store, name)).bytes.toString()).toBe("second version")
       yield* store.delete(name)
@@ -62,9 +78,12 @@ layer(layerAll())("ObjectStore", (it) => {
       const store = yield* files
       const name = uniqueName("obj")
       yield* store.put(name, Stream.make(Buffer.from("kept")))
+      const before = yield* storedChunks(store)
+      // One full chunk is published before the source fails; the failed put purges it.
       const broken = Stream.make(new Uint8Array(200_000)).pipe(Stream.concat(Stream.fail(new SourceBroke())))
       const error = yield* store.put(name, broken).pipe(Effect.flip)
       expect(error).toBeInstanceOf(SourceBroke)
+      expect(yield* storedChunks(store)).toBe(before)
       expect((yield* readAll(store, name)).bytes.toString()).toBe("kept")
     }),
   )

@@ -2,15 +2,16 @@
  * Object stores with streaming put and get: an object goes in and comes out chunk by chunk
  * (128 KiB), never held whole in memory, and its SHA-256 is checked on the way out.
  *
- * The bucket must exist (`core/Storage.ts`). Put awaits each chunk's acknowledgement before
- * reading the next, so a fast producer is slowed to the server's pace; get reads the chunks with
- * an ordered pull consumer holding at most a few chunks ahead of the reader.
+ * The bucket must exist (`core/Storage.ts`). Put keeps a bounded window of chunk publishes
+ * awaiting their acknowledgement, so a fast producer is slowed to the server's pace with at most
+ * 2 MiB held; get reads the chunks with a pull consumer holding a few chunks ahead of the reader.
  */
-import { createHash } from "node:crypto"
+import { createHash, randomBytes } from "node:crypto"
 import type { Readable } from "node:stream"
 import type { ObjectInfo as NatsObjectInfo, ObjectStore as NatsObjectStore } from "@nats-io/obj"
-import { Objm } from "@nats-io/obj"
-import { type Cause, Data, Effect, Option, Stream } from "effect"
+import { Base64UrlPaddedCodec, Objm } from "@nats-io/obj"
+import { headers } from "@nats-io/transport-node"
+import { Data, Effect, Option, Stream } from "effect"
 import { attempt, Nats, NatsError } from "./Nats.ts"
 
 /** What the store knows of one object. */
@@ -76,11 +77,15 @@ const toInfo = (i: NatsObjectInfo): ObjectInfo => ({
 
 // How many chunks the get consumer pulls ahead of the reader (8 × 128 KiB).
 const READ_AHEAD = 8
+// Chunk size of a put (the object store's usual 128 KiB) and how many chunk publishes may await
+// their acknowledgement at once (16 × 128 KiB = 2 MiB held per put).
+const PUT_CHUNK = 128 * 1024
+const PUT_WINDOW = 16
 
 /** Opens the typed view of an existing object store. */
 export const make = (bucket: string): Effect.Effect<ObjectStore, NatsError, Nats> =>
   Effect.gen(function* () {
-    const { js } = yield* Nats
+    const { js, jsm } = yield* Nats
     const store: NatsObjectStore = yield* attempt(`obj.open ${bucket}`, () =>
       new Objm(js).open(bucket, false),
     )
@@ -91,6 +96,10 @@ export const make = (bucket: string): Effect.Effect<ObjectStore, NatsError, Nats
         Effect.map((i) => (i === null || i.deleted ? Option.none() : Option.some(toInfo(i)))),
       )
 
+    // The put writes what @nats-io/obj's put writes (chunks on `$O.<bucket>.C.<nuid>`, then the
+    // metadata with a subject rollup on `$O.<bucket>.M.<name>`), but keeps up to PUT_WINDOW chunk
+    // publishes in flight instead of waiting for each acknowledgement: one connection delivers
+    // them in order, and a round trip per 128 KiB would cap a put at a few tens of MB/s.
     const put = <E>(
       name: string,
       data: Stream.Stream<Uint8Array, E> | Readable,
@@ -105,25 +114,116 @@ export const make = (bucket: string): Effect.Effect<ObjectStore, NatsError, Nats
                 (cause) =>
                   new NatsError({ operation: `obj.put ${bucket} source`, message: String(cause), cause }),
               )
-        // The source's own failure is kept aside: the client only sees an errored ReadableStream.
-        let sourceFailure: Cause.Cause<E | NatsError> | undefined
-        const readable = yield* source.pipe(
-          Stream.tapErrorCause((cause) =>
-            Effect.sync(() => {
-              sourceFailure = cause
+        // The earlier object's chunks (its nuid is in the raw info only), purged once this one is live.
+        const old = yield* attempt(`obj.info ${bucket}`, () => store.info(name))
+        const nuid = randomBytes(16).toString("hex")
+        const chunkSubject = `$O.${bucket}.C.${nuid}`
+        const hash = createHash("sha256")
+        const totals = { size: 0, chunks: 0 }
+        const inFlight = new Set<Promise<void>>()
+        let publishFailure: unknown
+        const failed = () =>
+          new NatsError({
+            operation: `obj.put ${bucket}`,
+            message: publishFailure instanceof Error ? publishFailure.message : String(publishFailure),
+            cause: publishFailure,
+          })
+        const settle = Effect.promise(() => Promise.all(inFlight))
+
+        const publishChunk = (payload: Uint8Array) =>
+          Effect.promise(async () => {
+            while (inFlight.size >= PUT_WINDOW) await Promise.race(inFlight)
+            if (publishFailure !== undefined) return
+            hash.update(payload)
+            totals.size += payload.byteLength
+            totals.chunks++
+            const sent: Promise<void> = js.publish(chunkSubject, payload).then(
+              () => undefined,
+              (e: unknown) => {
+                publishFailure ??= e
+              },
+            )
+            inFlight.add(sent)
+            void sent.finally(() => inFlight.delete(sent))
+          }).pipe(
+            Effect.zipRight(
+              Effect.suspend(() => (publishFailure === undefined ? Effect.void : Effect.fail(failed()))),
+            ),
+          )
+
+        // Cut the source into chunks of exactly PUT_CHUNK bytes (the last one shorter).
+        let pending: Array<Uint8Array> = []
+        let pendingBytes = 0
+        const take = (n: number): Uint8Array => {
+          const out = new Uint8Array(n)
+          let at = 0
+          while (at < n) {
+            const head = pending[0]!
+            const used = Math.min(head.byteLength, n - at)
+            out.set(head.subarray(0, used), at)
+            at += used
+            if (used === head.byteLength) pending.shift()
+            else pending[0] = head.subarray(used)
+          }
+          pendingBytes -= n
+          return out
+        }
+        const write = Effect.gen(function* () {
+          yield* Stream.runForEach(source, (piece) =>
+            Effect.gen(function* () {
+              if (piece.byteLength === 0) return
+              pending.push(piece)
+              pendingBytes += piece.byteLength
+              while (pendingBytes >= PUT_CHUNK) yield* publishChunk(take(PUT_CHUNK))
             }),
+          )
+          if (pendingBytes > 0) yield* publishChunk(take(pendingBytes))
+          pending = []
+          yield* settle
+          if (publishFailure !== undefined) return yield* Effect.fail(failed())
+          const meta = {
+            name,
+            description: options.description ?? "",
+            options: { max_chunk_size: PUT_CHUNK },
+            bucket,
+            nuid,
+            size: totals.size,
+            chunks: totals.chunks,
+            mtime: new Date().toISOString(),
+            digest: `SHA-256=${Base64UrlPaddedCodec.encode(hash.digest())}`,
+            deleted: false,
+          }
+          const rollup = headers()
+          rollup.set("Nats-Rollup", "sub")
+          const ack = yield* attempt(`obj.put ${bucket}`, () =>
+            js.publish(`$O.${bucket}.M.${Base64UrlPaddedCodec.encode(name)}`, JSON.stringify(meta), {
+              headers: rollup,
+            }),
+          )
+          const stored: ObjectInfo = {
+            bucket,
+            name,
+            size: meta.size,
+            chunks: meta.chunks,
+            digest: meta.digest,
+            mtime: meta.mtime,
+            revision: ack.seq,
+          }
+          return stored
+        })
+        const purge = (subject: string) =>
+          attempt(`obj.purge ${bucket}`, () => jsm.streams.purge(streamName, { filter: subject })).pipe(
+            Effect.ignore,
+          )
+        return yield* write.pipe(
+          // A failed or interrupted put removes its own chunks; the earlier object stays.
+          Effect.onExit((exit) =>
+            exit._tag === "Success" ? Effect.void : Effect.zipRight(settle, purge(chunkSubject)),
           ),
-          Stream.toReadableStreamEffect(),
-        )
-        return yield* attempt(`obj.put ${bucket}`, () =>
-          store.put(
-            { name, ...(options.description === undefined ? {} : { description: options.description }) },
-            readable,
-          ),
-        ).pipe(
-          Effect.map(toInfo),
-          Effect.catchAll((e) =>
-            sourceFailure === undefined ? Effect.fail(e) : Effect.failCause(sourceFailure),
+          // Once the new object is live, the earlier one's chunks go (a failure here leaves
+          // orphans, not a wrong object).
+          Effect.tap(() =>
+            old !== null && !old.deleted ? purge(`$O.${bucket}.C.${old.nuid}`) : Effect.void,
           ),
         )
       })
