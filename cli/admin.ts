@@ -8,10 +8,14 @@
  *   hangar admin token --email EMAIL                        → {token}
  *   hangar admin suspend --account ID                       → {account}
  *   hangar admin reactivate --account ID                    → {account}
+ *   hangar admin credit --account ID --usd N                → {account, entry, balance_usd_nanos}
+ *     (N in dollars, may be negative, up to 9 decimals: an `adjustment` ledger entry)
  *
  * Exit status: 0 worked, 2 wrong command or arguments, 4 anything else.
  */
 import { Cause, Effect, Exit, Layer, Option, Schema } from "effect"
+import { entryOf } from "../actors/account/Account.ts"
+import * as AccountClient from "../actors/account/Client.ts"
 import { Accounts, layer as accountsLayer } from "../core/Accounts.ts"
 import * as Connected from "../core/Connected.ts"
 import { IssuerSettings, loadKey, mint } from "../core/LocalIssuer.ts"
@@ -25,7 +29,8 @@ export const usage = `usage:
   hangar admin create-account --name NAME --owner EMAIL
   hangar admin token --email EMAIL
   hangar admin suspend --account ID
-  hangar admin reactivate --account ID`
+  hangar admin reactivate --account ID
+  hangar admin credit --account ID --usd N`
 
 class UsageError extends Error {}
 
@@ -59,6 +64,31 @@ const storeLayer = accountsLayer.pipe(Layer.provideMerge(Connected.layerFromEnv)
 const withStore = <A, E>(f: (accounts: Context) => Effect.Effect<A, E>) =>
   Effect.flatMap(Accounts, f).pipe(Effect.provide(storeLayer))
 type Context = Effect.Effect.Success<typeof Accounts>
+
+/** Dollars as written (`12`, `-0.5`, `3.000000001`) → integer nanodollars, exactly. */
+export const usdToNanos = (value: string): number => {
+  const m = /^(-?)(\d+)(?:\.(\d{1,9}))?$/.exec(value.trim())
+  if (m === null) throw new UsageError(`--usd must be a dollar amount with at most 9 decimals: ${value}`)
+  const nanos = BigInt(m[2]!) * 1_000_000_000n + BigInt((m[3] ?? "").padEnd(9, "0"))
+  const signed = m[1] === "-" ? -nanos : nanos
+  if (signed === 0n) throw new UsageError("--usd must not be zero")
+  if (signed > BigInt(Number.MAX_SAFE_INTEGER) || -signed > BigInt(Number.MAX_SAFE_INTEGER))
+    throw new UsageError(`--usd is too large: ${value}`)
+  return Number(signed)
+}
+
+// Credits through the account actor (the only writer of balances), once the account is known.
+const credit = (id: string, nanos: number) =>
+  Effect.gen(function* () {
+    const account = yield* Effect.flatMap(Accounts, (accounts) => accounts.account(id))
+    if (Option.isNone(account)) return yield* Effect.fail(new Error(`account not found: ${id}`))
+    const { message, balance_usd_nanos } = yield* AccountClient.adjust(id, "adjustment", nanos)
+    return { account: id, entry: entryOf(id, message), balance_usd_nanos }
+  }).pipe(
+    Effect.provide(
+      Layer.merge(accountsLayer, AccountClient.mailboxLayer).pipe(Layer.provideMerge(Connected.layerFromEnv)),
+    ),
+  )
 
 const setState = (id: string, state: AccountState) =>
   withStore((accounts) =>
@@ -109,6 +139,10 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
       return setState(accountId(flags(rest, ["account"]).account!), "suspended")
     case "reactivate":
       return setState(accountId(flags(rest, ["account"]).account!), "active")
+    case "credit": {
+      const f = flags(rest, ["account", "usd"])
+      return credit(accountId(f.account!), usdToNanos(f.usd!))
+    }
     default:
       throw new UsageError(
         command === undefined ? "no admin command given" : `unknown admin command: ${command}`,

@@ -1,15 +1,18 @@
 /**
  * `GET /v1/account` and `GET /v1/members`, `DELETE /v1/members/{user}`.
  *
- * The balance is a placeholder until the ledger and the account actor exist: every amount is 0
- * (no credit can be bought yet). `webhook_public_key` is left out until account webhook keys exist.
+ * The balance and the webhook key come from the account actor (`actors/account`): the balance from
+ * its stored state, the key too once made; a key not made yet is asked for, and left out of the
+ * answer if the actor does not answer within a few seconds (the actors role is down or starting).
  */
-import { Effect, Schema } from "effect"
+import { Effect, Option, Schema } from "effect"
+import * as Client from "../../actors/account/Client.ts"
 import { Accounts, computeRate } from "../../core/Accounts.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
+import { balanceOf } from "./Usage.ts"
 
 const isUserId = Schema.is(UserId)
 
@@ -19,27 +22,37 @@ export const routes = [
     method: "GET",
     path: "/v1/account",
     access: "person",
-    handler: ({ principal }) => {
-      const a = principal.account
-      return Effect.succeed(
-        json({
+    handler: ({ principal }) =>
+      Effect.gen(function* () {
+        const a = principal.account
+        const [balance, key] = yield* Effect.all(
+          [
+            balanceOf(a.id),
+            Client.webhookKey(a.id).pipe(
+              Effect.map(Option.some),
+              Effect.catchTag("AskTimeout", () =>
+                Effect.as(
+                  Effect.logWarning("account actor did not answer; webhook key left out").pipe(
+                    Effect.annotateLogs({ account: a.id }),
+                  ),
+                  Option.none<string>(),
+                ),
+              ),
+            ),
+          ],
+          { concurrency: 2 },
+        )
+        return json({
           id: a.id,
           name: a.name,
           state: a.state,
           limits: a.limits,
-          ...(a.webhook_public_key === undefined ? {} : { webhook_public_key: a.webhook_public_key }),
-          balance: {
-            account: a.id,
-            balance_usd_nanos: 0,
-            minimum_balance_usd_nanos: 0,
-            currency: "usd",
-            available_usd_nanos: 0,
-          },
+          ...(Option.isSome(key) ? { webhook_public_key: key.value } : {}),
+          balance,
           role: principal.role,
           compute_rate_usd_nanos_per_gib_hour: computeRate,
-        }),
-      )
-    },
+        })
+      }),
   }),
   authRoute({
     method: "GET",
