@@ -6,26 +6,52 @@
 import { Layer } from "effect"
 import type { Accounts as AccountStore } from "../core/Accounts.ts"
 import { IssuerSettings } from "../core/LocalIssuer.ts"
+import type { Nats } from "../core/Nats.ts"
+import type { Storage } from "../core/Storage.ts"
 import * as Accounts from "./accounts/routes.ts"
 import * as Auth from "./auth/Auth.ts"
+import * as Credit from "./credit/group.ts"
 import * as Definitions from "./functions/group.ts"
 import * as Health from "./Health.ts"
+import * as CliLogins from "./logins/CliLogins.ts"
+import * as Logins from "./logins/routes.ts"
 import * as OpenApi from "./openapi/OpenApi.ts"
 import * as RateLimit from "./RateLimit.ts"
 import * as Server from "./Server.ts"
+import * as Uploads from "./uploads/routes.ts"
 
-const served = [...Health.routes, ...Accounts.routes, ...Definitions.routes]
+const served = [
+  ...Health.routes,
+  ...Accounts.routes,
+  ...Definitions.routes,
+  ...Logins.routes,
+  ...Credit.routes,
+  ...Uploads.routes,
+]
 /** Every route the gateway serves; each route group contributes its `routes`, and the document of them all. */
 export const routes = [...served, ...OpenApi.routesFor(served)]
+
+// The CLI login, credit and uploads groups' services, settings from `HANGAR_*` variables.
+const groupServices = Layer.mergeAll(CliLogins.layerFromEnv, Credit.layerFromEnv, Uploads.layer)
 
 /**
  * The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice);
  * like every role it needs the process's NATS connection and storage.
  */
-export const layer = Server.layer<Auth.Auth | AccountStore | Definitions.Services>(routes).pipe(
+export const layer = Server.layer<
+  | Auth.Auth
+  | AccountStore
+  | Definitions.Services
+  | Layer.Layer.Success<typeof groupServices>
+  // Routes reading streams and actor state straight from the process's connection (usage, balance).
+  | Nats
+  | Storage
+>(routes).pipe(
   Layer.provide(RateLimit.layer),
   Layer.provide(RateLimit.RateLimitSettings.layerFromEnv),
   Layer.provide(Server.HttpSettings.layerFromEnv),
+  // Before the auth layers: the login service reads the account store they provide.
+  Layer.provide(groupServices),
   Layer.provide(Auth.layerAll),
   Layer.provide(Definitions.layerFromEnv),
   Layer.provide(IssuerSettings.layerFromEnv),

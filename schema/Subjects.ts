@@ -26,6 +26,7 @@ export const kvBuckets = [
   "leases",
   "hosts",
   "uploads",
+  "logins",
 ] as const
 export type KvBucket = (typeof kvBuckets)[number]
 
@@ -87,6 +88,7 @@ export const retention = {
     leases: 0,
     hosts: 60_000, // a live host rewrites its record every 3 s; a crashed host's record ages out
     uploads: 30 * DAY_MS, // upload records, as long as the `files` objects they describe
+    logins: DAY_MS, // CLI logins: approved or expired within 10 minutes, then only read for a while
   } satisfies Record<KvBucket, number>,
   streams: {
     MAILBOX: 0, // work queue: messages go when handled

@@ -9,14 +9,22 @@
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { type AccountWorker, startAccountWorker } from "../actors/account/testing.ts"
+import * as Mailbox from "../actors/runtime/Mailbox.ts"
+import { ActorSettings } from "../actors/runtime/Settings.ts"
 import type { AccountRecord, AccountsService } from "../core/Accounts.ts"
 import { makeId } from "../core/Ids.ts"
 import { routes as accountRoutes } from "../gateway/accounts/routes.ts"
 import { hashToken, newToken } from "../gateway/auth/KeyTokens.ts"
 import { authRoute } from "../gateway/auth/Route.ts"
 import { personToken, run, startGateway, type TestGateway } from "../gateway/auth/testing.ts"
+import * as PaymentProcessor from "../gateway/credit/PaymentProcessor.ts"
+import { routes as creditRoutes } from "../gateway/credit/routes.ts"
+import * as CliLogins from "../gateway/logins/CliLogins.ts"
+import { routes as loginRoutes } from "../gateway/logins/routes.ts"
+import { routeServices } from "../gateway/logins/testing.ts"
 import { json } from "../gateway/Response.ts"
 import type { Key } from "../schema/Account.ts"
 import type { ErrorCode } from "../schema/Errors.ts"
@@ -47,7 +55,18 @@ const probes = [
   }),
 ]
 
-const served = [...accountRoutes, ...probes]
+// The login and credit groups' services (no payment processor configured) are given to their
+// routes directly, since this gateway provides only auth and the account store.
+const groupRoutes = [...loginRoutes, ...creditRoutes]
+const groupServices = Layer.mergeAll(
+  CliLogins.layer.pipe(Layer.provideMerge(CliLogins.CliLoginSettings.layer())),
+  PaymentProcessor.layer.pipe(Layer.provide(PaymentProcessor.PaymentSettings.layer())),
+  Mailbox.layer.pipe(Layer.provide(ActorSettings.layer())),
+)
+let groups: Awaited<ReturnType<typeof routeServices>> | undefined
+let accountWorker: AccountWorker | undefined
+
+const served = [...accountRoutes, ...probes, ...groupRoutes]
 
 /** The kinds of caller, in matrix column order. */
 const callers = [
@@ -113,6 +132,20 @@ const personOnly = {
   noAccountHeader: AR,
 } as const
 
+/** The same outcome for every caller (routes open to anyone). */
+const everyone = (outcome: Outcome): Record<Caller, Outcome> =>
+  Object.fromEntries(callers.map((c) => [c, outcome])) as Record<Caller, Outcome>
+
+/** A fresh pending CLI login (a new key hash each time). */
+const freshLogin = async (): Promise<{ id: string; code: string }> => {
+  const res = await fetch(`${gateway.url}/v1/cli-logins`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ name: "laptop", key_hash: hashToken(newToken()) }),
+  })
+  return (await res.json()) as { id: string; code: string }
+}
+
 const freshEmail = () => `${makeId("usr").slice(4, 16)}@example.com`
 
 /** A fresh member of the fixture account (target of `DELETE /v1/members/{user}`). */
@@ -175,6 +208,20 @@ const matrix: ReadonlyArray<Row> = [
   },
   { method: "GET", route: "/v1/account", expect: personOnly },
   { method: "GET", route: "/v1/members", expect: personOnly },
+  { method: "GET", route: "/v1/usage", expect: personOnly },
+  {
+    method: "GET",
+    route: "/v1/webhooks/public-key",
+    expect: {
+      ...unauthenticatedFour,
+      runKey: 200,
+      adminKey: 200,
+      owner: 200,
+      member: 200,
+      nonMember: NM,
+      noAccountHeader: AR,
+    },
+  },
   {
     method: "DELETE",
     route: "/v1/members/{user}",
@@ -211,6 +258,39 @@ const matrix: ReadonlyArray<Row> = [
     prepare: async (f) => ({ path: `/v1/keys/${(await freshKey(f, f.account.id)).id}` }),
     expect: ownerOnly(200),
   },
+  {
+    method: "POST",
+    route: "/v1/cli-logins",
+    prepare: async () => ({
+      path: "/v1/cli-logins",
+      body: { name: "laptop", key_hash: hashToken(newToken()) },
+    }),
+    expect: everyone(201),
+  },
+  {
+    method: "GET",
+    route: "/v1/cli-logins/{id}",
+    prepare: async () => ({ path: `/v1/cli-logins/${(await freshLogin()).id}` }),
+    expect: everyone(200),
+  },
+  {
+    method: "POST",
+    route: "/v1/cli-logins/{id}/approve",
+    prepare: async () => {
+      const login = await freshLogin()
+      return { path: `/v1/cli-logins/${login.id}/approve`, body: { code: login.code } }
+    },
+    expect: ownerOnly(200),
+  },
+  {
+    method: "POST",
+    route: "/v1/credit/checkout",
+    prepare: async () => ({ path: "/v1/credit/checkout", body: { amount_usd_cents: 500 } }),
+    // No processor is configured here; the owner gets as far as that.
+    expect: { ...ownerOnly(0), owner: [503, "purchases_closed"] },
+  },
+  // The processor calls this with its signature, not a credential; with none configured it is closed.
+  { method: "POST", route: "/v1/credit/callback", expect: everyone([503, "purchases_closed"]) },
   {
     method: "GET",
     route: "/t/anyone",
@@ -272,7 +352,15 @@ beforeAll(async () => {
   nats = await startNatsServer()
   dir = await mkdtemp(join(tmpdir(), "hangar-authz-"))
   keyFile = join(dir, "issuer.key")
-  gateway = await startGateway(served, { natsUrl: nats.url, prefix: uniquePrefix(), keyFile })
+  const prefix = uniquePrefix()
+  groups = await routeServices(groupServices, { natsUrl: nats.url, prefix })
+  // The account actor answers balances and webhook keys (GET /v1/account, /v1/usage, /v1/webhooks/…).
+  accountWorker = await Effect.runPromise(startAccountWorker(nats.url, prefix))
+  gateway = await startGateway([...accountRoutes, ...probes, ...groups.provide(groupRoutes)], {
+    natsUrl: nats.url,
+    prefix,
+    keyFile,
+  })
   const accounts = gateway.accounts
   const { account, owner } = await run(accounts.createAccount("acme", "owner@example.com"))
   const f = { accounts, ownerUser: owner.user }
@@ -307,6 +395,8 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await gateway?.close()
+  await groups?.close()
+  if (accountWorker) await Effect.runPromise(accountWorker.stop)
   await nats?.stop()
   if (dir) await rm(dir, { recursive: true, force: true })
 })
@@ -326,7 +416,11 @@ describe("authorization matrix", () => {
           const target = row.prepare ? await row.prepare(fixture) : { path: row.route }
           const res = await call(row.method, target.path, fixture.headers[caller], target.body)
           const body = (await res.json()) as { code?: string }
-          expect({ status: res.status, code: body.code }).toEqual({ status, code })
+          // Only error bodies carry an error `code` (a CLI login's answer has its own `code` field).
+          expect({ status: res.status, code: res.status >= 400 ? body.code : undefined }).toEqual({
+            status,
+            code,
+          })
         })
       }
     })
