@@ -22,6 +22,8 @@ import { mkdtemp, rm } from "node:fs/promises"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { Effect, Logger } from "effect"
+import { startAccountWorker } from "../actors/account/testing.ts"
 import * as Accounts from "../gateway/accounts/routes.ts"
 import { personToken, run, startGateway } from "../gateway/auth/testing.ts"
 import * as Health from "../gateway/Health.ts"
@@ -97,12 +99,19 @@ const main = async () => {
   const nats = await startNatsServer()
   const dir = await mkdtemp(join(tmpdir(), "hangar-bench-gateway-"))
   const keyFile = join(dir, "issuer.key")
+  const prefix = uniquePrefix()
   const gateway = await startGateway([...Health.routes, ...Accounts.routes, ...Tools.routes], {
     natsUrl: nats.url,
-    prefix: uniquePrefix(),
+    prefix,
     keyFile,
     discardLogs: true,
   })
+  // The account actor answers `GET /v1/account`'s first question for the webhook key.
+  const worker = await Effect.runPromise(
+    startAccountWorker(nats.url, prefix).pipe(
+      Effect.provide(Logger.replace(Logger.defaultLogger, Logger.none)),
+    ),
+  )
   // An account, its owner's ID token, and an admin key made through the API as a caller would.
   const owner = "owner@bench.example"
   const { account } = await run(gateway.accounts.createAccount("bench", owner))
@@ -127,6 +136,7 @@ const main = async () => {
     ["tools @1000/s", await drive(`${gateway.url}/v1/tools`, admin, { rate: 1000 })],
   ]
   baseline.close()
+  await Effect.runPromise(worker.stop)
   await gateway.close()
   await nats.stop()
   await rm(dir, { recursive: true, force: true })

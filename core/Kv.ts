@@ -7,6 +7,7 @@
  * instead of throwing, so one bad record cannot crash a reader.
  */
 
+import type { JetStreamClient } from "@nats-io/jetstream"
 import type { KV, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
 import type { Scope } from "effect"
@@ -129,6 +130,21 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
   },
 })
 
+// Opening a bucket asks the server for its stream's configuration; typed views are made freely
+// (per request, per actor read), so each connection opens each bucket once and shares the handle,
+// which holds nothing but names. A failed open is forgotten, so the next one tries again.
+const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<KV>>>()
+const opened = (js: JetStreamClient, bucket: string): Promise<KV> => {
+  let buckets = openedBuckets.get(js)
+  if (buckets === undefined) openedBuckets.set(js, (buckets = new Map()))
+  const known = buckets.get(bucket)
+  if (known !== undefined) return known
+  const opening = new Kvm(js).open(bucket)
+  buckets.set(bucket, opening)
+  opening.catch(() => buckets.delete(bucket))
+  return opening
+}
+
 /** Opens the typed view of an existing bucket. */
 export const make = <A, I>(
   bucket: string,
@@ -136,7 +152,7 @@ export const make = <A, I>(
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
   Effect.gen(function* () {
     const { js } = yield* Nats
-    const kv: KV = yield* attempt(`kv.open ${bucket}`, () => new Kvm(js).open(bucket))
+    const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const json = Schema.parseJson(schema)
     const encodeJson = Schema.encode(json)
     const decodeJson = Schema.decode(json)

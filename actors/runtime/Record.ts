@@ -50,15 +50,26 @@ export interface ActorRecord<S> {
 }
 
 /** The record schema of an actor type. */
-export const recordSchema = <A extends AnyActor>(actor: A) =>
-  Schema.Struct({
-    state: actor.state,
-    seq: Schema.Number,
-    outbox: Schema.Array(OutboxEntry),
-    timers: Schema.Record({ key: Schema.String, value: Schema.String }),
-    failure: Schema.optional(Failure),
-    failures: Schema.Number,
-  }) as unknown as Schema.Schema<ActorRecord<A["initial"]>, unknown>
+export const recordSchema = <A extends AnyActor>(
+  actor: A,
+): Schema.Schema<ActorRecord<A["initial"]>, unknown> => {
+  // One schema per actor type: effect compiles a decoder per schema, so a fresh one per read
+  // (State.read on a request path) would compile it again every time.
+  let schema = recordSchemas.get(actor)
+  if (schema === undefined) {
+    schema = Schema.Struct({
+      state: actor.state,
+      seq: Schema.Number,
+      outbox: Schema.Array(OutboxEntry),
+      timers: Schema.Record({ key: Schema.String, value: Schema.String }),
+      failure: Schema.optional(Failure),
+      failures: Schema.Number,
+    }) as unknown as Schema.Schema<ActorRecord<unknown>, unknown>
+    recordSchemas.set(actor, schema)
+  }
+  return schema as Schema.Schema<ActorRecord<A["initial"]>, unknown>
+}
+const recordSchemas = new WeakMap<AnyActor, Schema.Schema<ActorRecord<unknown>, unknown>>()
 
 /** The record of an actor that has never handled a message. */
 export const initialRecord = <S>(state: S): ActorRecord<S> => ({

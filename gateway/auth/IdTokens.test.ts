@@ -54,6 +54,29 @@ const verify = (token: string, settings: Partial<typeof IssuerSettings.defaults>
   )
 
 describe("a configured OIDC issuer", () => {
+  it("remembers a verified token only until its own expiry", async () => {
+    const token = await sign({ email: "b@example.com", email_verified: true }, { exp: "2s" })
+    const exp = JSON.parse(Buffer.from(token.split(".")[1]!, "base64url").toString()).exp as number
+    const [first, again, after] = await Effect.runPromise(
+      Effect.gen(function* () {
+        const v = yield* IdTokens
+        const first = yield* Effect.either(v.verify(token))
+        const again = yield* Effect.either(v.verify(token))
+        // Past the token's `exp` (whole seconds), the remembered verification no longer counts.
+        yield* Effect.promise(
+          () => new Promise((r) => setTimeout(r, Math.max(0, exp * 1000 - Date.now()) + 50)),
+        )
+        const after = yield* Effect.either(v.verify(token))
+        return [first, again, after] as const
+      }).pipe(
+        Effect.provide(layer.pipe(Layer.provide(IssuerSettings.layer({ issuer, audience: "client-1" })))),
+      ),
+    )
+    expect(first).toEqual(Either.right({ email: "b@example.com" }))
+    expect(again).toEqual(first)
+    expect(Either.isLeft(after) && after.left.code).toBe("unauthenticated")
+  })
+
   it("accepts its token through discovery, lower-casing the e-mail", async () => {
     const result = await verify(await sign({ email: "Ana@Example.com", email_verified: true }))
     expect(result).toEqual(Either.right({ email: "ana@example.com" }))

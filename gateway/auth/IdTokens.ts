@@ -28,6 +28,9 @@ export class IdTokens extends Context.Tag("gateway/IdTokens")<
 
 const isEmail = Schema.is(Email)
 
+/** How many verified tokens a gateway remembers (one entry per signed-in person and token). */
+const VERIFIED_MAX = 10_000
+
 // Network and JWKS-availability failures are ours; everything else means the token is bad.
 const isOutage = (e: unknown): boolean =>
   e instanceof errors.JWKSTimeout ||
@@ -74,7 +77,24 @@ export const make = Effect.gen(function* () {
     ? ["EdDSA"]
     : ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "EdDSA"]
 
+  // Verified tokens, by the whole token (its signature included, so an altered token never hits),
+  // until their own expiry: a signature check costs more than the rest of a request, and a
+  // verified token stays valid until `exp` whatever we do. Bounded; the oldest entry goes first.
+  const verified = new Map<string, { readonly identity: Identity; readonly expMs: number }>()
+  const remember = (token: string, identity: Identity, expMs: number) => {
+    if (verified.size >= VERIFIED_MAX) verified.delete(verified.keys().next().value as string)
+    verified.set(token, { identity, expMs })
+  }
+
   const verify = (token: string): Effect.Effect<Identity, ApiError> =>
+    Effect.suspend(() => {
+      const hit = verified.get(token)
+      if (hit !== undefined && Date.now() < hit.expMs) return Effect.succeed(hit.identity)
+      if (hit !== undefined) verified.delete(token)
+      return verifyNow(token)
+    })
+
+  const verifyNow = (token: string): Effect.Effect<Identity, ApiError> =>
     Effect.tryPromise({
       try: async () => {
         const k = await keysOf()
@@ -92,7 +112,11 @@ export const make = Effect.gen(function* () {
           ? Effect.zipRight(Effect.logError("ID token keys unavailable", e), Effect.fail(ApiError.internal()))
           : Effect.fail(ApiError.unauthenticated()),
       ),
-      Effect.flatMap(identityOf),
+      Effect.flatMap((payload) =>
+        Effect.tap(identityOf(payload), (identity) =>
+          Effect.sync(() => remember(token, identity, (payload.exp ?? 0) * 1000)),
+        ),
+      ),
     )
 
   return { verify }

@@ -79,6 +79,9 @@ export const tools: ReadonlyArray<ToolInfo> = [
   tool("give_up", "The task cannot be done. Ends the run as failed, with the reason.", GiveUpArguments),
 ]
 
+// The same for every caller: serialized once.
+const listing = json({ tools })
+
 /** `GET /v1/tools`. */
 export const routes = [
   documented(
@@ -86,7 +89,7 @@ export const routes = [
       method: "GET",
       path: "/v1/tools",
       access: "member",
-      handler: () => Effect.succeed(json({ tools })),
+      handler: () => Effect.succeed(listing),
     }),
     {
       summary: "The tools shown to the model, for callers' own agent loops.",
