@@ -136,7 +136,10 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
 const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<KV>>>()
 const opened = (js: JetStreamClient, bucket: string): Promise<KV> => {
   let buckets = openedBuckets.get(js)
-  if (buckets === undefined) openedBuckets.set(js, (buckets = new Map()))
+  if (buckets === undefined) {
+    buckets = new Map()
+    openedBuckets.set(js, buckets)
+  }
   const known = buckets.get(bucket)
   if (known !== undefined) return known
   const opening = new Kvm(js).open(bucket)
