@@ -1,5 +1,5 @@
 /**
- * The `hangar` command. Operators use `serve` (and, later, `admin`); the caller-facing commands of
+ * The `hangar` command. Operators use `serve` and `admin`; the caller-facing commands of
  * the spec's CLI join here as their issues land.
  *
  *   hangar serve gateway|relay|actors|host-agent   one role, connecting to HANGAR_NATS_URL
@@ -32,7 +32,7 @@ const roles = {
 
 const usage = `usage:
   hangar serve gateway|relay|actors|host-agent|all
-  hangar admin create-account|token|suspend|reactivate …
+  hangar admin create-account|token|credit|suspend|reactivate …
   hangar version`
 
 const version = (): string =>

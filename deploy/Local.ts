@@ -2,11 +2,17 @@
  * The one-process mode of `npm start` (`hangar serve all`): the local nats-server (which holds the
  * data folder's lock), the storage map, and every role on one connection. Closing the scope stops
  * the roles first, then drains the connection, then stops nats-server and releases the lock.
+ *
+ * On a data folder with no account yet it creates a first account, owned by `HANGAR_LOCAL_OWNER`
+ * (default `owner@hangar.local`), and prints how to get that person's token and an admin key.
  */
-import { Effect, Layer } from "effect"
+import { Console, Effect, Layer } from "effect"
 import * as Actors from "../actors/main.ts"
+import * as Accounts from "../core/Accounts.ts"
+import { env } from "../core/Config.ts"
 import * as Connected from "../core/Connected.ts"
 import * as Gateway from "../gateway/main.ts"
+import { Server } from "../gateway/Server.ts"
 import * as HostAgent from "../host-agent/main.ts"
 import * as Relay from "../relay/main.ts"
 import * as LocalNats from "./LocalNats.ts"
@@ -14,11 +20,33 @@ import * as LocalNats from "./LocalNats.ts"
 /** Every role of the service, on the connection and storage they are given. */
 export const roles = Layer.mergeAll(Gateway.layer, Relay.layer, Actors.layer, HostAgent.layer)
 
+const howTo = (api: string, account: string, owner: string) =>
+  [
+    `hangar: first account ${account}, owned by ${owner}`,
+    "  a token for that person (valid 12 hours):",
+    `    TOKEN=$(npx hangar admin token --email ${owner} | jq -r .token)`,
+    "  an admin key (shown once):",
+    `    curl -s -X POST ${api}/v1/keys -H "authorization: Bearer $TOKEN" -H "service-account: ${account}" \\`,
+    `      -H "content-type: application/json" -d '{"name":"local","scope":"admin"}'`,
+  ].join("\n")
+
+/** Creates the first account when there is none, and says how to sign in as its owner. */
+const firstAccount = Layer.effectDiscard(
+  Effect.gen(function* () {
+    const owner = yield* env.string("LOCAL_OWNER", "owner@hangar.local")
+    const store = yield* Accounts.make
+    if ((yield* store.views.accounts.keys()).length > 0) return
+    const { account } = yield* store.createAccount("local", owner)
+    yield* Effect.logInfo("first account created").pipe(Effect.annotateLogs({ account: account.id, owner }))
+    yield* Console.log(howTo((yield* Server).url, account.id, owner))
+  }).pipe(Effect.orDie),
+)
+
 /** The whole service on a local nats-server, settings from `HANGAR_*`. */
 export const layer = Layer.unwrapScoped(
   Effect.gen(function* () {
     const server = yield* LocalNats.LocalNats
-    return roles.pipe(Layer.provide(Connected.layerUrl(server.url)))
+    return firstAccount.pipe(Layer.provideMerge(roles), Layer.provide(Connected.layerUrl(server.url)))
   }),
 ).pipe(
   Layer.tap(() => Effect.logInfo("hangar is up (Ctrl-C stops it)")),

@@ -3,7 +3,7 @@
  * in a temporary folder. It starts nats-server, creates the storage, serves the API, refuses a
  * second start on the same data, and stops everything on SIGINT.
  */
-import { type ChildProcess, spawn } from "node:child_process"
+import { type ChildProcess, spawn, spawnSync } from "node:child_process"
 import { existsSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -17,6 +17,7 @@ interface Started {
   readonly child: ChildProcess
   readonly lines: Array<Record<string, unknown>>
   readonly stderr: () => string
+  readonly stdout: () => string
 }
 
 const bin = join(root, "cli", "bin.js")
@@ -45,7 +46,11 @@ const start = (dataDir: string): Started => {
       }
     }
   })
-  return { child, lines, stderr: () => text }
+  let out = ""
+  child.stdout!.on("data", (chunk: Buffer) => {
+    out += chunk.toString("utf8")
+  })
+  return { child, lines, stderr: () => text, stdout: () => out }
 }
 
 const waitFor = async <A>(what: string, probe: () => A | undefined, started: Started): Promise<A> => {
@@ -112,6 +117,25 @@ describe("hangar serve all", () => {
     expect(res.status).toBe(200)
     expect(await res.json()).toEqual({ status: "ok" })
     expect(res.headers.get("x-request-id")).toMatch(/\S+/)
+  })
+
+  it("creates a first account and prints how to get its owner's token, which works", async () => {
+    const created = first.lines.find((l) => l.msg === "first account created")
+    expect(created?.owner).toBe("owner@hangar.local")
+    const account = String(created?.account)
+    expect(first.stdout()).toContain(`first account ${account}, owned by owner@hangar.local`)
+    expect(first.stdout()).toContain("npx hangar admin token --email owner@hangar.local")
+    const minted = spawnSync(process.execPath, [bin, "admin", "token", "--email", "owner@hangar.local"], {
+      env: { ...process.env, HANGAR_DATA_DIR: dataDir, HANGAR_NATS_URL: natsUrl },
+      encoding: "utf8",
+    })
+    expect(minted.status).toBe(0)
+    const { token } = JSON.parse(minted.stdout) as { token: string }
+    const res = await fetch(`${api}/v1/account`, {
+      headers: { authorization: `Bearer ${token}`, "service-account": account },
+    })
+    expect(res.status).toBe(200)
+    expect(await res.json()).toMatchObject({ id: account, name: "local", role: "owner" })
   })
 
   it("answers other routes with the spec's not_found envelope", async () => {
