@@ -7,12 +7,10 @@ import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Kvm } from "@nats-io/kv"
-import { Context, type Context as Ctx, Effect, Exit, Layer, Scope } from "effect"
-import { type AccountRecord, Accounts, type AccountsService } from "../../core/Accounts.ts"
+import { Effect, Exit, Layer, Scope } from "effect"
+import type { AccountRecord } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
-import { IssuerSettings } from "../../core/LocalIssuer.ts"
-import * as Log from "../../core/Log.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import * as Nats from "../../core/Nats.ts"
 import * as Storage from "../../core/Storage.ts"
@@ -26,26 +24,15 @@ import * as GoogleFake from "../../test/fakes/GoogleFake.ts"
 import * as OpenAiFake from "../../test/fakes/OpenAiFake.ts"
 import { startNatsServer } from "../../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../../test/harness/names.ts"
-import * as Auth from "../auth/Auth.ts"
 import { hashToken, newToken } from "../auth/KeyTokens.ts"
-import { personToken } from "../auth/testing.ts"
-import * as RateLimit from "../RateLimit.ts"
+import { personToken, startGateway as startSharedGateway, type TestGateway } from "../auth/testing.ts"
 import type { Route } from "../Router.ts"
-import * as Server from "../Server.ts"
 import { layer as groupLayer } from "./group.ts"
 
-/** A running test gateway and the context it runs in (for fixtures written straight to KV). */
-export interface TestGateway {
-  readonly url: string
-  readonly accounts: AccountsService
-  readonly lines: Array<string>
-  /** Runs an effect with the gateway's services (stores, NATS, storage). */
-  readonly run: <A, E, R>(fx: Effect.Effect<A, E, R>) => Promise<A>
-  readonly close: () => Promise<void>
-}
+export type { TestGateway } from "../auth/testing.ts"
 
-/** Starts a gateway serving `routes` on a free port; `close` stops it and its NATS connection. */
-export const startGateway = async (
+/** The shared test gateway with this group's services: an in-memory master key, vendors at `vendors`. */
+export const startGateway = (
   // biome-ignore lint/suspicious/noExplicitAny: route groups differ in requirements, all provided here
   routes: ReadonlyArray<Route<any>>,
   options: {
@@ -54,44 +41,14 @@ export const startGateway = async (
     readonly keyFile: string
     readonly vendors: Partial<VendorSettingsShape>
   },
-): Promise<TestGateway> => {
-  const lines: Array<string> = []
-  const scope = Effect.runSync(Scope.make())
-  const infra = Layer.mergeAll(Storage.layerPrefix(options.prefix)).pipe(
-    Layer.provideMerge(Nats.layerUrl(options.natsUrl, "hangar-test-gateway")),
-  )
-  const services = Layer.mergeAll(
-    Auth.layerAll.pipe(Layer.provide(IssuerSettings.layer({ keyFile: options.keyFile }))),
-    groupLayer.pipe(
+): Promise<TestGateway> =>
+  startSharedGateway(routes, {
+    ...options,
+    services: groupLayer.pipe(
       Layer.provide(MasterKey.layerMemory()),
       Layer.provide(VendorSettings.layer({ timeoutMs: 5_000, ...options.vendors })),
     ),
-  ).pipe(Layer.provideMerge(infra))
-  // Every requirement of the routes is in `services`.
-  const layer = Server.layer(routes as unknown as ReadonlyArray<Route<never>>).pipe(
-    Layer.provide(RateLimit.layer),
-    Layer.provide(RateLimit.RateLimitSettings.layer({ perSecond: 1_000_000, burst: 1_000_000 })),
-    Layer.provide(Server.HttpSettings.layer({ addr: "127.0.0.1:0" })),
-    Layer.provideMerge(services),
-  )
-  const logger = Log.layerCollect(lines)
-  const exit = await Effect.runPromiseExit(Layer.buildWithScope(layer, scope).pipe(Effect.provide(logger)))
-  if (Exit.isFailure(exit)) {
-    await Effect.runPromise(Scope.close(scope, exit))
-    throw new Error(`gateway did not start: ${String(exit.cause)}`)
-  }
-  const context = exit.value as Ctx.Context<never>
-  return {
-    url: Context.get(exit.value, Server.Server).url,
-    accounts: Context.get(exit.value as Ctx.Context<Accounts>, Accounts),
-    lines,
-    run: <A, E, R>(fx: Effect.Effect<A, E, R>) =>
-      Effect.runPromise(
-        (fx as Effect.Effect<A, E, never>).pipe(Effect.provide(context), Effect.provide(logger)),
-      ),
-    close: () => Effect.runPromise(Scope.close(scope, Exit.void)),
-  }
-}
+  })
 
 /** Everything a definitions test needs: a gateway, the vendor fakes, an account and credentials. */
 export interface Fixture {

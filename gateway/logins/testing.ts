@@ -1,76 +1,16 @@
 /**
- * Test helper for the login and credit groups: a gateway on port 0 over a real nats-server with
- * the auth step, the account store and the group services given as `services` (a layer over NATS,
- * storage and the account store). Collects every log line.
+ * Test helpers for the login and credit groups: the shared test gateway (its `services` option
+ * carries the group's services) and a JSON call helper.
  */
-import { Context, type Context as Ctx, Effect, Exit, Layer, Scope } from "effect"
+import { Effect, Exit, Layer, Scope } from "effect"
+import type { Accounts } from "../../core/Accounts.ts"
 import * as AccountsStore from "../../core/Accounts.ts"
-import { Accounts, type AccountsService } from "../../core/Accounts.ts"
-import { IssuerSettings } from "../../core/LocalIssuer.ts"
-import * as Log from "../../core/Log.ts"
 import * as Nats from "../../core/Nats.ts"
 import * as Storage from "../../core/Storage.ts"
-import * as Auth from "../auth/Auth.ts"
-import * as RateLimit from "../RateLimit.ts"
 import type { Route } from "../Router.ts"
-import * as Server from "../Server.ts"
 
-/** A running test gateway. */
-export interface TestGateway {
-  readonly url: string
-  readonly accounts: AccountsService
-  readonly lines: Array<string>
-  /** Runs an effect with the gateway's services. */
-  readonly run: <A, E, R>(fx: Effect.Effect<A, E, R>) => Promise<A>
-  readonly close: () => Promise<void>
-}
-
-/** Starts a gateway serving `routes`; `close` stops it and its NATS connection. */
-export const startGateway = async (
-  // biome-ignore lint/suspicious/noExplicitAny: route groups differ in requirements, all provided here
-  routes: ReadonlyArray<Route<any>>,
-  options: {
-    readonly natsUrl: string
-    readonly prefix: string
-    readonly keyFile: string
-    // biome-ignore lint/suspicious/noExplicitAny: the groups' services, built over NATS, storage and accounts
-    readonly services: Layer.Layer<any, any, any>
-  },
-): Promise<TestGateway> => {
-  const lines: Array<string> = []
-  const scope = Effect.runSync(Scope.make())
-  const base = Auth.layerAll.pipe(
-    Layer.provide(IssuerSettings.layer({ keyFile: options.keyFile })),
-    Layer.provideMerge(Storage.layerPrefix(options.prefix)),
-    Layer.provideMerge(Nats.layerUrl(options.natsUrl, "hangar-test-gateway")),
-  )
-  const services = (options.services as unknown as Layer.Layer<never, never, Auth.Auth | Accounts>).pipe(
-    Layer.provideMerge(base),
-  )
-  const layer = Server.layer(routes as unknown as ReadonlyArray<Route<never>>).pipe(
-    Layer.provide(RateLimit.layer),
-    Layer.provide(RateLimit.RateLimitSettings.layer({ perSecond: 1_000_000, burst: 1_000_000 })),
-    Layer.provide(Server.HttpSettings.layer({ addr: "127.0.0.1:0" })),
-    Layer.provideMerge(services),
-  )
-  const logger = Log.layerCollect(lines)
-  const exit = await Effect.runPromiseExit(Layer.buildWithScope(layer, scope).pipe(Effect.provide(logger)))
-  if (Exit.isFailure(exit)) {
-    await Effect.runPromise(Scope.close(scope, exit))
-    throw new Error(`gateway did not start: ${String(exit.cause)}`)
-  }
-  const context = exit.value as Ctx.Context<never>
-  return {
-    url: Context.get(exit.value, Server.Server).url,
-    accounts: Context.get(exit.value as Ctx.Context<Accounts>, Accounts),
-    lines,
-    run: <A, E, R>(fx: Effect.Effect<A, E, R>) =>
-      Effect.runPromise(
-        (fx as Effect.Effect<A, E, never>).pipe(Effect.provide(context), Effect.provide(logger)),
-      ),
-    close: () => Effect.runPromise(Scope.close(scope, Exit.void)),
-  }
-}
+/** The shared test gateway: routes, the auth step, the account store and `services`. */
+export { startGateway, type TestGateway } from "../auth/testing.ts"
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies are inspected loosely
 export type Json = any
