@@ -14,6 +14,7 @@ import { root } from "../deploy/tools.mjs"
 const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> = [
   ["seal", "seal.ts", ["256"]],
   ["gateway", "gateway.ts", ["6", "50"]],
+  ["uploads", "uploads.ts", ["1024"]],
   ["actors", "actors.ts", []],
   ["machines", "machines.ts", ["10", "200"]],
   ["output-pack", "output-pack.ts", ["128"]],
