@@ -9,6 +9,7 @@ import { spawnSync } from "node:child_process"
 import { Effect } from "effect"
 import { ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
+import { scopedOn } from "../host-agent/machines/MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
 
@@ -31,16 +32,13 @@ const program = Effect.gen(function* () {
     yield* Effect.scoped(
       Effect.gen(function* () {
         const t0 = performance.now()
-        const machine = yield* Effect.acquireRelease(
-          driver.create({
-            id: testId(`bench${i}`),
-            size: "s",
-            base: base.rootfs,
-            authorizedKey: keys.client.public,
-            hostKey: keys.host.private,
-          }),
-          (m) => Effect.orDie(driver.destroy(m.id)),
-        )
+        const machine = yield* scopedOn(driver, {
+          id: testId(`bench${i}`),
+          size: "s",
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+        })
         const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
         yield* guest.bash({ command: "true" })
         ready.push(performance.now() - t0)

@@ -1,6 +1,7 @@
 import { Effect, Exit, Fiber, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
+import { scopedOn } from "../machines/MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
 import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
@@ -18,18 +19,15 @@ beforeAll(async () => {
   guest = await Effect.runPromise(
     Scope.extend(
       Effect.gen(function* () {
-        const machine = yield* Effect.acquireRelease(
-          driver.create({
-            id,
-            size: "s",
-            base: base.rootfs,
-            authorizedKey: keys.client.public,
-            hostKey: keys.host.private,
-            // A small memory limit so the OOM case is quick.
-            override: { memoryBytes: 256 * 1024 * 1024 },
-          }),
-          (m) => Effect.orDie(driver.destroy(m.id)),
-        )
+        const machine = yield* scopedOn(driver, {
+          id,
+          size: "s",
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          // A small memory limit so the OOM case is quick.
+          override: { memoryBytes: 256 * 1024 * 1024 },
+        })
         return yield* connect({ ...machine.ssh, privateKey: keys.client.private })
       }),
       scope,

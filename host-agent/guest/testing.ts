@@ -8,7 +8,7 @@ import { Storage } from "../../core/Storage.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import { layerAll } from "../../test/harness/NatsServer.ts"
 import { ensureTestBase } from "../bases/Bases.ts"
-import type { Machine, Size } from "../machines/MachineDriver.ts"
+import { type Machine, type Size, scopedOn } from "../machines/MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
 import { connect, type GuestSession } from "./GuestSession.ts"
@@ -34,17 +34,14 @@ export const testGuest = async (
   const made = await Effect.runPromiseExit(
     Scope.extend(
       Effect.gen(function* () {
-        const machine = yield* Effect.acquireRelease(
-          driver.create({
-            id,
-            size: "s",
-            base: base.rootfs,
-            authorizedKey: keys.client.public,
-            hostKey: keys.host.private,
-            override: { memoryBytes: 512 * 1024 * 1024, ...override },
-          }),
-          (m) => Effect.orDie(driver.destroy(m.id)),
-        )
+        const machine = yield* scopedOn(driver, {
+          id,
+          size: "s",
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          override: { memoryBytes: 512 * 1024 * 1024, ...override },
+        })
         const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
         return { machine, guest }
       }),

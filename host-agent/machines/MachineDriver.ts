@@ -89,13 +89,18 @@ export class MachineDriver extends Context.Tag("host-agent/MachineDriver")<
   MachineDriverService
 >() {}
 
-/** A machine that is destroyed when the scope closes. */
+/** Creates a machine with `driver`; it is destroyed when the scope closes. */
+export const scopedOn = (
+  driver: MachineDriverService,
+  spec: MachineSpec,
+): Effect.Effect<Machine, MachineCreateFailed, Scope.Scope> =>
+  Effect.acquireRelease(driver.create(spec), (m) => Effect.orDie(driver.destroy(m.id)))
+
+/** Creates a machine with the host's driver; it is destroyed when the scope closes. */
 export const scoped = (
   spec: MachineSpec,
 ): Effect.Effect<Machine, MachineCreateFailed, MachineDriver | Scope.Scope> =>
-  Effect.flatMap(MachineDriver, (driver) =>
-    Effect.acquireRelease(driver.create(spec), (m) => Effect.orDie(driver.destroy(m.id))),
-  )
+  Effect.flatMap(MachineDriver, (driver) => scopedOn(driver, spec))
 
 /** The limits of a spec: its size, with the test-only overrides applied. */
 export const limitsOf = (spec: MachineSpec): Size => ({ ...sizes[spec.size], ...spec.override })

@@ -2,6 +2,7 @@ import { Effect } from "effect"
 import { beforeAll, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
+import { scopedOn } from "../MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testId } from "./testing.ts"
 
@@ -21,16 +22,13 @@ it("leaves no process, mount, loop device, cgroup, veth, netns or file after 20 
     const out = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const machine = yield* Effect.acquireRelease(
-            driver.create({
-              id,
-              size: "s",
-              base: base.rootfs,
-              authorizedKey: keys.client.public,
-              hostKey: keys.host.private,
-            }),
-            (m) => Effect.orDie(driver.destroy(m.id)),
-          )
+          const machine = yield* scopedOn(driver, {
+            id,
+            size: "s",
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+          })
           const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
           // A background process and a file on the workspace, both of which must go with the machine.
           return yield* guest.bash({ command: "(setsid sleep 1000 &); echo data > /workspace/f; echo ok" })

@@ -2,7 +2,7 @@ import { Effect, Exit } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
-import type { MachineSpec } from "../MachineDriver.ts"
+import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testId } from "./testing.ts"
 
@@ -31,9 +31,7 @@ const withMachine = <A>(
   Effect.runPromise(
     Effect.scoped(
       Effect.gen(function* () {
-        const machine = yield* Effect.acquireRelease(driver.create(s), (m) =>
-          Effect.orDie(driver.destroy(m.id)),
-        )
+        const machine = yield* scopedOn(driver, s)
         const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
         return yield* Effect.promise(() =>
           f({ bash: (command) => Effect.runPromise(guest.bash({ command })) }),
@@ -80,9 +78,7 @@ describe("namespace driver", () => {
     const exit = await Effect.runPromiseExit(
       Effect.scoped(
         Effect.gen(function* () {
-          const machine = yield* Effect.acquireRelease(driver.create(s), (m) =>
-            Effect.orDie(driver.destroy(m.id)),
-          )
+          const machine = yield* scopedOn(driver, s)
           return yield* connect(
             { ...machine.ssh, hostKey: other.public, privateKey: keys.client.private },
             2_000,
@@ -131,9 +127,7 @@ describe("namespace driver", () => {
       Effect.scoped(
         Effect.gen(function* () {
           const [ma, mb] = yield* Effect.all(
-            [a, b].map((s) =>
-              Effect.acquireRelease(driver.create(s), (m) => Effect.orDie(driver.destroy(m.id))),
-            ),
+            [a, b].map((s) => scopedOn(driver, s)),
             { concurrency: 2 },
           )
           expect(ma?.ssh.host).not.toBe(mb?.ssh.host)
