@@ -1,17 +1,16 @@
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Either, type Layer, Option } from "effect"
+import { Effect, Either, Option } from "effect"
 import type { Delivery } from "../../core/Consumer.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Storage } from "../../core/Storage.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
-import { uniquePrefix } from "../../test/harness/names.ts"
 import { handle } from "./internal/Handle.ts"
 import * as Mailbox from "./Mailbox.ts"
 import { type ActorRecord, recordSchema } from "./Record.ts"
 import { ActorSettings } from "./Settings.ts"
 import * as State from "./State.ts"
-import { clientLayer, eventually, startWorker } from "./testing/Harness.ts"
+import { eventually, fast, startWorker, withClient as withClientOn } from "./testing/Harness.ts"
 import { Recorder, Sink } from "./testing/TestActors.ts"
 
 let server: StartedNatsServer
@@ -20,15 +19,9 @@ beforeAll(async () => {
 })
 afterAll(() => server?.stop())
 
-const fast = { leaseMs: 1_500, renewMs: 300, retryBaseMs: 50, retryMaxMs: 200 }
 const actors = [Recorder, Sink]
 
-const withClient = <A, E>(
-  body: (prefix: string) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof clientLayer>>>,
-) => {
-  const prefix = uniquePrefix()
-  return body(prefix).pipe(Effect.provide(clientLayer(server.url, prefix, fast)))
-}
+const withClient = <A, E>(body: Parameters<typeof withClientOn<A, E>>[1]) => withClientOn(server.url, body)
 
 const recorded = (
   id: string,

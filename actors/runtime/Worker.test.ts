@@ -1,11 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, type Layer, Option } from "effect"
+import { Effect, Option } from "effect"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
-import { uniquePrefix } from "../../test/harness/names.ts"
 import * as Mailbox from "./Mailbox.ts"
 import { partitionOf } from "./Partition.ts"
 import * as State from "./State.ts"
-import { clientLayer, eventually, startWorker } from "./testing/Harness.ts"
+import { eventually, fast, startWorker, withClient as withClientOn } from "./testing/Harness.ts"
 import { flaky, overlaps, Recorder, Sink } from "./testing/TestActors.ts"
 import type { CrashPoint } from "./Worker.ts"
 
@@ -15,16 +14,9 @@ beforeAll(async () => {
 })
 afterAll(() => server?.stop())
 
-const fast = { leaseMs: 1_500, renewMs: 300, retryBaseMs: 50, retryMaxMs: 200 }
 const actors = [Recorder, Sink]
 
-/** Runs `body` with a client for a fresh storage prefix. */
-const withClient = <A, E>(
-  body: (prefix: string) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof clientLayer>>>,
-) => {
-  const prefix = uniquePrefix()
-  return body(prefix).pipe(Effect.provide(clientLayer(server.url, prefix, fast)))
-}
+const withClient = <A, E>(body: Parameters<typeof withClientOn<A, E>>[1]) => withClientOn(server.url, body)
 
 const logOf = <A extends typeof Recorder | typeof Sink>(actor: A, id: string, length: number) =>
   eventually(

@@ -5,6 +5,7 @@
 import { Context, Duration, Effect, Exit, Layer, Logger, LogLevel, Option, Scope } from "effect"
 import * as Nats from "../../../core/Nats.ts"
 import * as Storage from "../../../core/Storage.ts"
+import { uniquePrefix } from "../../../test/harness/names.ts"
 import type { AnyActor } from "../Actor.ts"
 import * as Mailbox from "../Mailbox.ts"
 import { ActorSettings, type ActorSettingsShape } from "../Settings.ts"
@@ -17,6 +18,23 @@ export const clientLayer = (url: string, prefix: string, settings: Partial<Actor
     Layer.provideMerge(ActorSettings.layer(settings)),
     Layer.provideMerge(Nats.layerUrl(url, "test-client")),
   )
+
+/** Settings that make lease expiry and retries quick enough for tests. */
+export const fast: Partial<ActorSettingsShape> = {
+  leaseMs: 1_500,
+  renewMs: 300,
+  retryBaseMs: 50,
+  retryMaxMs: 200,
+}
+
+/** Runs `body` with a client (fast settings) for a fresh storage prefix on the server at `url`. */
+export const withClient = <A, E>(
+  url: string,
+  body: (prefix: string) => Effect.Effect<A, E, Layer.Layer.Success<ReturnType<typeof clientLayer>>>,
+) => {
+  const prefix = uniquePrefix()
+  return body(prefix).pipe(Effect.provide(clientLayer(url, prefix, fast)))
+}
 
 /** A started worker with its own connection; `stop` closes it gracefully. */
 export interface TestWorker {
