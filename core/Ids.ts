@@ -4,7 +4,7 @@
  * Ids made later sort after ids made earlier, as strings; within one millisecond in one process
  * the random part is incremented, so order holds there too.
  */
-import { randomBytes } from "node:crypto"
+import { createHash, randomBytes } from "node:crypto"
 
 const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -76,4 +76,21 @@ export const idTime = (id: string): number => {
   let t = 0
   for (const c of body) t = t * 32 + alphabet.indexOf(c)
   return t
+}
+
+/**
+ * A deterministic id of the given kind derived from `seed` (SHA-256, first 130 bits in the id
+ * alphabet): the same seed always gives the same id, so a message retried after a crash carries
+ * the same ledger entry or event id (`derivedId("led", "<run>:3-3")`). Such ids are not time-ordered.
+ */
+export const derivedId = <P extends IdPrefix>(prefix: P, seed: string): `${P}_${string}` => {
+  const digest = createHash("sha256").update(`${prefix}:${seed}`).digest()
+  let bits = 0n
+  for (const b of digest.subarray(0, 17)) bits = (bits << 8n) | BigInt(b)
+  let out = ""
+  for (let i = 0; i < 26; i++) {
+    out = alphabet[Number(bits & 31n)] + out
+    bits >>= 5n
+  }
+  return `${prefix}_${out}`
 }

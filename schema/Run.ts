@@ -159,3 +159,44 @@ export const RunLog = Schema.Struct({ parts: Schema.Array(Schema.String) }).anno
   identifier: "RunLog",
 })
 export type RunLog = typeof RunLog.Type
+
+/**
+ * A succeeded run's output as stored: the listing and hash, and the sealed archive's object name in
+ * the `outputs` store. `GET /v1/runs/{id}` turns `object` into a fresh 15-minute `url`.
+ */
+export const StoredOutput = Schema.Struct({
+  sha256: Sha256Hex,
+  bytes: Count,
+  file_count: Count,
+  files: ArrayMax(OutputFile, outputFilesMax),
+  object: Schema.String,
+}).annotations({ identifier: "StoredOutput" })
+export type StoredOutput = typeof StoredOutput.Type
+
+/**
+ * A run as stored in KV `runs` under `<account>.<run>` (`kvKeys.run`), written only by the run
+ * actor: the API's Run with the output's object name instead of a link, plus what the API does not
+ * show. `seq` is the run actor's mailbox sequence at the write, so a write never replaces a newer
+ * one (a stale owner's late projection loses); `log_parts` counts the log objects `<run>.<n>`
+ * (`n` from 1) in the `logs` store; `memory_mib` and `timeout_minutes` are the resolved size's
+ * memory and the version's timeout.
+ */
+export const StoredRun = Schema.Struct({
+  ...Run.fields,
+  output: Schema.optional(StoredOutput),
+  memory_mib: Count,
+  timeout_minutes: IntAtLeast(1),
+  log_parts: Count,
+  /** The host that took the run, once one did. */
+  host: Schema.optional(Schema.String),
+  seq: Count,
+}).annotations({ identifier: "StoredRun" })
+export type StoredRun = typeof StoredRun.Type
+
+/** The run as the API shows it: the stored run without what is ours, `output.url` = `outputUrl`. */
+export const apiRun = (stored: StoredRun, outputUrl: string): Run => {
+  const { output, memory_mib: _m, timeout_minutes: _t, log_parts: _l, host: _h, seq: _s, ...rest } = stored
+  if (output === undefined) return rest
+  const { object: _o, ...shown } = output
+  return { ...rest, output: { ...shown, url: outputUrl } }
+}

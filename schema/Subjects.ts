@@ -204,8 +204,16 @@ export const storageNames = (prefix = ""): StorageNames => {
 
 /** KV keys with structure. */
 export const kvKeys = {
+  // <account>.<run>  (bucket `runs`)
+  run: (account: string, run: string) => `${token(account)}.${token(run)}`,
+  // <account>.*  (bucket `runs`: every run of an account)
+  runsOf: (account: string) => `${token(account)}.*`,
   // <run>.<seq>  (bucket `commands`)
   command: (run: string, seq: number) => `${token(run)}.${token(seq)}`,
+  // <run>.*  (bucket `commands`: every command of a run)
+  commandsOf: (run: string) => `${token(run)}.*`,
+  // <run>.<n>  (object store `logs`: the run's log part n, from 1)
+  logPart: (run: string, n: number) => `${token(run)}.${token(n)}`,
   // <type>.<id>  (bucket `actors`)
   actor: (type: string, id: string) => `${token(type)}.${token(id)}`,
   // datakey.<account>  (bucket `secrets`: the account's data key, wrapped by the master key)
