@@ -7,12 +7,13 @@
  */
 import { Effect, Option, Schema } from "effect"
 import * as Client from "../../actors/account/Client.ts"
+import { balanceOf as balanceFromState, publicKeyOf } from "../../actors/account/Messages.ts"
 import { Accounts, computeRate } from "../../core/Accounts.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
-import { balanceOf } from "./Usage.ts"
+import { apiBalance } from "./Usage.ts"
 
 const isUserId = Schema.is(UserId)
 
@@ -25,10 +26,11 @@ export const routes = [
     handler: ({ principal }) =>
       Effect.gen(function* () {
         const a = principal.account
-        const [balance, key] = yield* Effect.all(
-          [
-            balanceOf(a.id),
-            Client.webhookKey(a.id).pipe(
+        // One read of the actor's record serves the balance and, once made, the webhook key.
+        const state = yield* Client.state(a.id)
+        const key = state.webhook_key
+          ? Option.some(publicKeyOf(state.webhook_key))
+          : yield* Client.webhookKey(a.id).pipe(
               Effect.map(Option.some),
               Effect.catchTag("AskTimeout", () =>
                 Effect.as(
@@ -38,10 +40,8 @@ export const routes = [
                   Option.none<string>(),
                 ),
               ),
-            ),
-          ],
-          { concurrency: 2 },
-        )
+            )
+        const balance = apiBalance(a.id, balanceFromState(state))
         return json({
           id: a.id,
           name: a.name,

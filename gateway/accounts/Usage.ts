@@ -4,6 +4,7 @@
  */
 import { Effect } from "effect"
 import * as Client from "../../actors/account/Client.ts"
+import type { BalanceReply } from "../../actors/account/Messages.ts"
 import * as Ledger from "../../core/Ledger.ts"
 import type { Balance } from "../../schema/Account.ts"
 import type { AccountId } from "../../schema/Ids.ts"
@@ -13,18 +14,18 @@ import { json } from "../Response.ts"
 /** How far back `GET /v1/usage` reaches. */
 export const usageWindowMs = 30 * 24 * 60 * 60 * 1000
 
+/** The API's `Balance` of an account from what the account actor reports. */
+export const apiBalance = (account: AccountId, b: BalanceReply): Balance => ({
+  account,
+  balance_usd_nanos: b.balance_usd_nanos,
+  minimum_balance_usd_nanos: b.minimum_balance_usd_nanos,
+  currency: "usd",
+  available_usd_nanos: b.available_usd_nanos,
+})
+
 /** The API's `Balance` of an account, read from its account actor's stored state. */
 export const balanceOf = (account: AccountId) =>
-  Effect.map(
-    Client.balance(account),
-    (b): Balance => ({
-      account,
-      balance_usd_nanos: b.balance_usd_nanos,
-      minimum_balance_usd_nanos: b.minimum_balance_usd_nanos,
-      currency: "usd",
-      available_usd_nanos: b.available_usd_nanos,
-    }),
-  )
+  Effect.map(Client.balance(account), (b) => apiBalance(account, b))
 
 /** The usage route. */
 export const routes = [
