@@ -1,17 +1,26 @@
 /**
- * The actors role: an actor worker hosting the run, account and scheduler actors. It connects and
- * holds until interrupted; actor types join as their issues land (today: account).
+ * The actors role: an actor worker hosting the account, run, scheduler and webhook actors. It
+ * connects and holds until interrupted. Settings come from the environment: `HANGAR_ACTOR_*`
+ * (runtime), `HANGAR_RUN_*` (run timers), `HANGAR_SCHEDULER_*` (scheduler tick), `HANGAR_WEBHOOK_*`
+ * (delivery), `HANGAR_PUBLIC_URL` and the link key (output links in run events).
  */
 import { Effect, Layer } from "effect"
 import * as Keyring from "../core/Keyring.ts"
+import * as Links from "../core/Links.ts"
 import * as MasterKey from "../core/MasterKey.ts"
 import type { Nats } from "../core/Nats.ts"
 import * as Seal from "../core/Seal.ts"
 import { Storage } from "../core/Storage.ts"
 import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
 import * as AccountActor from "./account/Account.ts"
+import * as RunActor from "./run/Run.ts"
+import { RunSettings } from "./run/Settings.ts"
+import * as Mailbox from "./runtime/Mailbox.ts"
 import { ActorSettings } from "./runtime/Settings.ts"
 import * as Worker from "./runtime/Worker.ts"
+import * as SchedulerActor from "./scheduler/Scheduler.ts"
+import { WebhookSettings } from "./webhooks/Settings.ts"
+import * as WebhookActor from "./webhooks/Webhook.ts"
 
 // The account actor seals webhook private keys under the account's data key, wrapped by the same
 // master key and kept in the same `secrets` bucket as the gateway's secrets.
@@ -24,9 +33,20 @@ const sealLayer = Seal.layer.pipe(
   Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),
 )
 
+// Every actor type this worker hosts, built from the process's connection, storage and settings.
+const actors = Effect.all([AccountActor.actor, RunActor.actor, SchedulerActor.actor, WebhookActor.actor])
+
 /** The worker with its actor types; needs the process's NATS connection and storage. */
-export const layer = AccountActor.actorLayer((account) => Worker.layer([account])).pipe(
+export const layer = Layer.unwrapEffect(Effect.map(actors, (list) => Worker.layer(list))).pipe(
   Layer.tap(() => Effect.logInfo("actor worker ready").pipe(Effect.annotateLogs({ role: "actors" }))),
-  Layer.provide(sealLayer),
+  Layer.provide(Layer.mergeAll(sealLayer, Mailbox.layer, Links.layer)),
+  Layer.provide(
+    Layer.mergeAll(
+      RunSettings.layerFromEnv,
+      SchedulerActor.SchedulerSettings.layerFromEnv,
+      WebhookSettings.layerFromEnv,
+      Links.LinkSettings.layerFromEnv,
+    ),
+  ),
   Layer.provide(ActorSettings.layerFromEnv),
 ) satisfies Layer.Layer<Worker.Worker, unknown, Nats | Storage>

@@ -1,7 +1,8 @@
 /**
  * The account actor on a real nats-server and a real worker: idempotent adjustments under
  * concurrency (balance = sum of ledger = sum of distinct adjustments), balances, the webhook key
- * (stable, private part sealed in KV), and the ledger reader.
+ * (stable, private part sealed in KV), the ledger reader, memory holds (`MayStart`/`Release`) and
+ * compute charges.
  */
 import { createPublicKey, sign, verify } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
@@ -12,7 +13,8 @@ import * as Ledger from "../../core/Ledger.ts"
 import { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import { timestamp } from "../../schema/Common.ts"
-import type { LedgerEntryId } from "../../schema/Ids.ts"
+import type { KeyId, LedgerEntryId, RunId } from "../../schema/Ids.ts"
+import { minutePriceUsdNanos } from "../../schema/Limits.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../../test/harness/names.ts"
@@ -21,7 +23,7 @@ import * as State from "../runtime/State.ts"
 import { clientLayer } from "../runtime/testing/Harness.ts"
 import { openWebhookKey } from "./Account.ts"
 import * as Client from "./Client.ts"
-import { Account, type Adjust, appliedLimit, type WebhookKeyReply } from "./Messages.ts"
+import { Account, type Adjust, appliedLimit, type Charge, type WebhookKeyReply } from "./Messages.ts"
 import { type AccountWorker, startAccountWorker } from "./testing.ts"
 
 let server: StartedNatsServer
@@ -221,6 +223,127 @@ describe("account actor", () => {
         expect(since.map((e) => e.id)).toEqual([edge.entry_id, recent.entry_id])
         expect(yield* Ledger.sum(account)).toBe(31)
         expect(yield* Ledger.read(makeId("acc"))).toEqual([])
+      }),
+    ),
+  )
+})
+
+const heldOf = (account: string) =>
+  Effect.map(State.read(Account, account), (r) =>
+    Option.match(r, {
+      onNone: () => ({ memory_held_mib: 0, holds: {} }),
+      onSome: (x) => ({ memory_held_mib: x.state.memory_held_mib, holds: x.state.holds }),
+    }),
+  )
+
+const charge = (run: RunId, from: number, through: number, amount: number): Charge => ({
+  _tag: "Charge",
+  entry_id: makeId("led") as LedgerEntryId,
+  amount_usd_nanos: amount,
+  effective_at: timestamp(Date.now()),
+  run,
+  function: makeId("fnc") as Charge["function"],
+  version: 3,
+  size: "s",
+  provider: "none",
+  started_by: makeId("key") as KeyId,
+  external_reference: "order-7",
+  from_minute: from,
+  through_minute: through,
+  memory_mib: 2048,
+  rate_usd_nanos_per_gib_hour: 150_000_000,
+})
+
+describe("account actor: runs", () => {
+  it.live("MayStart refuses no_credit at the minimum balance and allows one nanodollar above it", () =>
+    withWorker(() =>
+      Effect.gen(function* () {
+        const account = makeId("acc")
+        const run = makeId("run") as RunId
+        // A new account: balance 0 = the minimum 0.
+        expect(yield* Client.mayStart(account, run, 2048, 8192, "20 seconds")).toEqual({
+          refused: "no_credit",
+        })
+        yield* Client.adjust(account, "purchase", 1)
+        expect(yield* Client.mayStart(account, run, 2048, 8192, "20 seconds")).toEqual({ ok: true })
+        yield* Client.adjust(account, "refund", -1)
+        // Refused runs hold nothing; the run asked while in credit still holds its memory.
+        expect(yield* heldOf(account)).toEqual({ memory_held_mib: 2048, holds: { [run]: 2048 } })
+        expect(yield* Client.mayStart(account, makeId("run") as RunId, 1, 8192, "20 seconds")).toEqual({
+          refused: "no_credit",
+        })
+      }),
+    ),
+  )
+
+  it.live("MayStart holds memory up to the limit exactly, once per run; Release frees it once", () =>
+    withWorker(() =>
+      Effect.gen(function* () {
+        const account = makeId("acc")
+        yield* Client.adjust(account, "purchase", 1_000_000_000)
+        const [a, b, c] = [makeId("run"), makeId("run"), makeId("run")] as Array<RunId>
+        const ask = (run: RunId, mib: number) => Client.mayStart(account, run, mib, 8192, "20 seconds")
+        expect(yield* ask(a!, 4096)).toEqual({ ok: true })
+        // Asked again (a retried start): ok, held once.
+        expect(yield* ask(a!, 4096)).toEqual({ ok: true })
+        // 4096 + 4097 > 8192: refused; 4096 + 4096 = 8192: allowed.
+        expect(yield* ask(b!, 4097)).toEqual({ refused: "memory_limit" })
+        expect(yield* ask(b!, 4096)).toEqual({ ok: true })
+        expect(yield* ask(c!, 1)).toEqual({ refused: "memory_limit" })
+        expect(yield* heldOf(account)).toEqual({ memory_held_mib: 8192, holds: { [a!]: 4096, [b!]: 4096 } })
+
+        // Release twice and release of a run that never held: the hold goes once.
+        for (const run of [a!, a!, c!])
+          yield* Mailbox.send(Account, account, { _tag: "Release", run }, { msgId: makeId("led") })
+        expect(yield* ask(c!, 4096)).toEqual({ ok: true })
+        expect(yield* heldOf(account)).toEqual({ memory_held_mib: 8192, holds: { [b!]: 4096, [c!]: 4096 } })
+      }),
+    ),
+  )
+
+  it.live("Charge debits once per entry id and writes a compute entry with the run's fields", () =>
+    withWorker(() =>
+      Effect.gen(function* () {
+        const account = makeId("acc")
+        const run = makeId("run") as RunId
+        yield* Client.adjust(account, "purchase", 1_000_000_000)
+        const price = minutePriceUsdNanos(2048)
+        const first = charge(run, 1, 1, price)
+        const next = charge(run, 2, 4, 3 * price)
+        expect(yield* Mailbox.ask(Account, account, first, { timeout: "20 seconds" })).toEqual({
+          balance_usd_nanos: 1_000_000_000 - price,
+        })
+        // The same entry id again (another send): nothing changes.
+        yield* Mailbox.send(Account, account, first, { msgId: makeId("led") })
+        expect(yield* Mailbox.ask(Account, account, next, { timeout: "20 seconds" })).toEqual({
+          balance_usd_nanos: 1_000_000_000 - 4 * price,
+        })
+        const entries = yield* Ledger.read(account)
+        // Written out for the first; the second differs in id, amount and minutes.
+        const expected = (m: Charge) => {
+          const { _tag, entry_id, amount_usd_nanos, ...fields } = m
+          return { id: entry_id, account, kind: "compute", amount_usd_nanos: -amount_usd_nanos, ...fields }
+        }
+        expect(expected(first)).toEqual({
+          id: first.entry_id,
+          account,
+          kind: "compute",
+          amount_usd_nanos: -price,
+          effective_at: first.effective_at,
+          run,
+          function: first.function,
+          version: 3,
+          size: "s",
+          provider: "none",
+          started_by: first.started_by,
+          external_reference: "order-7",
+          from_minute: 1,
+          through_minute: 1,
+          memory_mib: 2048,
+          rate_usd_nanos_per_gib_hour: 150_000_000,
+        })
+        expect(entries.filter((e) => e.kind === "compute")).toEqual([expected(first), expected(next)])
+        expect(yield* Ledger.sum(account)).toBe(1_000_000_000 - 4 * price)
       }),
     ),
   )

@@ -1,15 +1,22 @@
 /**
  * The account actor's handler (type `account`, id = account id): balance and minimum, the ids of
- * recently applied ledger entries, and the account's webhook key. Contract in `Messages.ts`.
+ * recently applied ledger entries, the memory held by queued and running runs, and the account's
+ * webhook key. Contract in `Messages.ts`.
+ *
+ * Memory holds. `MayStart` holds a run's memory (per run, so asking twice holds once) and
+ * `Release` drops it (a run never held, or released before, changes nothing). The gateway asks
+ * before creating the run; the run actor releases when the run ends. The account's limit comes
+ * with the question (it lives in the account record, which the gateway has read anyway).
  *
  * Ledger writes. The runtime's outbox only targets actor mailboxes (a handler returns
- * `Actor.to(...)`), not a plain stream subject like `ledger.<account>`, so `Adjust` appends its
- * entry itself, as the last step of the handler, just before the runtime stores the new state:
+ * `Actor.to(...)`), not a plain stream subject like `ledger.<account>`, so `Adjust` and `Charge`
+ * (a `compute` debit) append their entry themselves, as the last step of the handler, just before
+ * the runtime stores the new state:
  *
  * - the publish carries `Nats-Msg-Id` = `entry_id`, so a handler run again for the same message
  *   (crash or lost lease between publish and state write, a retry) stores nothing new;
- * - the state remembers the last `appliedLimit` entry ids, so an `Adjust` sent twice (two sends,
- *   two msgIds) is applied to the balance once, and publishes nothing the second time;
+ * - the state remembers the last `appliedLimit` entry ids, so an `Adjust` or `Charge` sent twice
+ *   (two sends, two msgIds) is applied to the balance once, and publishes nothing the second time;
  * - a publish failure is `Retryable`: the message stays, the balance is unchanged until it works.
  * Readers of the ledger keep the first copy of an id (`core/Ledger.ts`), so even a repeat past
  * the 2-minute duplicate window does not count twice. The order (ledger, then balance) means the
@@ -29,6 +36,7 @@ import {
   type Adjust,
   appliedLimit,
   balanceOf,
+  type Charge,
   Account as Definition,
   publicKeyOf,
   type WebhookKey,
@@ -62,6 +70,27 @@ export const entryOf = (account: string, m: Adjust): LedgerEntry => ({
   ...(m.reference === undefined ? {} : { external_reference: m.reference }),
 })
 
+/** The `compute` ledger entry a `Charge` writes: a debit of `amount_usd_nanos` with the run's fields. */
+export const computeEntryOf = (account: string, m: Charge): LedgerEntry => ({
+  id: m.entry_id,
+  account: account as AccountId,
+  kind: "compute",
+  amount_usd_nanos: -m.amount_usd_nanos,
+  effective_at: m.effective_at,
+  run: m.run,
+  function: m.function,
+  // The run's version is at least 1 (the contract's `Count` is wider than the entry's field).
+  version: Math.max(1, m.version),
+  size: m.size,
+  provider: m.provider,
+  started_by: m.started_by,
+  ...(m.external_reference === undefined ? {} : { external_reference: m.external_reference }),
+  from_minute: Math.max(1, m.from_minute),
+  through_minute: Math.max(1, m.through_minute),
+  memory_mib: m.memory_mib,
+  rate_usd_nanos_per_gib_hour: m.rate_usd_nanos_per_gib_hour,
+})
+
 /** A fresh Ed25519 key pair: the raw public key in base64 and the PKCS#8 DER private key. */
 const newKeyPair = () => {
   const { publicKey, privateKey } = generateKeyPairSync("ed25519")
@@ -82,8 +111,36 @@ const retryable = (what: string) => (cause: unknown) =>
   new Actor.Retryable({ message: `${what} failed`, cause })
 
 /** The account actor with its dependencies. */
-export const make = (deps: AccountDeps) =>
-  Actor.make({
+export const make = (deps: AccountDeps) => {
+  /**
+   * Adds `amount` (negative debits) to the balance and appends `entry`, once per `entryId`: an id
+   * already applied changes nothing and answers the current balance.
+   */
+  const apply = (state: AccountActorState, entryId: string, amount: number, entry: LedgerEntry) =>
+    Effect.gen(function* () {
+      if (state.applied.includes(entryId))
+        return { state, reply: { balance_usd_nanos: state.balance_usd_nanos } }
+      const balance = state.balance_usd_nanos + amount
+      // Checked before the append, so a refused entry leaves nothing in the ledger.
+      if (!Number.isSafeInteger(balance))
+        return yield* new BalanceOutOfRange({
+          entry_id: entryId,
+          message: "the balance would pass the largest safe integer of nanodollars",
+        })
+      yield* Ledger.append(entry).pipe(
+        Effect.provideService(Nats, deps.nats),
+        Effect.provideService(Storage, deps.storage),
+        Effect.mapError(retryable("ledger append")),
+      )
+      const next: AccountActorState = {
+        ...state,
+        balance_usd_nanos: balance,
+        applied: [...state.applied, entryId].slice(-appliedLimit),
+      }
+      return { state: next, reply: { balance_usd_nanos: balance } }
+    })
+
+  return Actor.make({
     name: Definition.name,
     state: Definition.state,
     initial: Definition.initial,
@@ -92,27 +149,34 @@ export const make = (deps: AccountDeps) =>
     handler: (state: AccountActorState, message, ctx) =>
       Effect.gen(function* () {
         switch (message._tag) {
-          case "Adjust": {
-            if (state.applied.includes(message.entry_id))
-              return { state, reply: { balance_usd_nanos: state.balance_usd_nanos } }
-            const balance = state.balance_usd_nanos + message.amount_usd_nanos
-            // Checked before the append, so a refused adjustment leaves no ledger entry behind.
-            if (!Number.isSafeInteger(balance))
-              return yield* new BalanceOutOfRange({
-                entry_id: message.entry_id,
-                message: "the balance would pass the largest safe integer of nanodollars",
-              })
-            yield* Ledger.append(entryOf(ctx.id, message)).pipe(
-              Effect.provideService(Nats, deps.nats),
-              Effect.provideService(Storage, deps.storage),
-              Effect.mapError(retryable("ledger append")),
+          case "Adjust":
+            return yield* apply(state, message.entry_id, message.amount_usd_nanos, entryOf(ctx.id, message))
+          case "Charge":
+            return yield* apply(
+              state,
+              message.entry_id,
+              -message.amount_usd_nanos,
+              computeEntryOf(ctx.id, message),
             )
+          case "MayStart": {
+            // Asking again for a run that holds memory answers ok and holds nothing more.
+            if (state.holds[message.run] !== undefined) return { state, reply: { ok: true as const } }
+            if (state.balance_usd_nanos <= state.minimum_balance_usd_nanos)
+              return { state, reply: { refused: "no_credit" as const } }
+            if (state.memory_held_mib + message.memory_mib > message.limit_mib)
+              return { state, reply: { refused: "memory_limit" as const } }
             const next: AccountActorState = {
               ...state,
-              balance_usd_nanos: balance,
-              applied: [...state.applied, message.entry_id].slice(-appliedLimit),
+              memory_held_mib: state.memory_held_mib + message.memory_mib,
+              holds: { ...state.holds, [message.run]: message.memory_mib },
             }
-            return { state: next, reply: { balance_usd_nanos: balance } }
+            return { state: next, reply: { ok: true as const } }
+          }
+          case "Release": {
+            const held = state.holds[message.run]
+            if (held === undefined) return { state }
+            const { [message.run]: _released, ...holds } = state.holds
+            return { state: { ...state, memory_held_mib: Math.max(0, state.memory_held_mib - held), holds } }
           }
           case "Balance":
             return { state, reply: balanceOf(state) }
@@ -134,6 +198,7 @@ export const make = (deps: AccountDeps) =>
         }
       }),
   })
+}
 
 /** The account actor built from the process's connection, storage and seal. */
 export const actor = Effect.gen(function* () {

@@ -9,7 +9,7 @@ import { makeId } from "../../core/Ids.ts"
 import type { Nats } from "../../core/Nats.ts"
 import type { Storage } from "../../core/Storage.ts"
 import { timestamp } from "../../schema/Common.ts"
-import type { LedgerEntryId } from "../../schema/Ids.ts"
+import type { LedgerEntryId, RunId } from "../../schema/Ids.ts"
 import * as Mailbox from "../runtime/Mailbox.ts"
 import { ActorSettings } from "../runtime/Settings.ts"
 import * as State from "../runtime/State.ts"
@@ -21,6 +21,7 @@ import {
   type BalanceReply,
   balanceOf,
   initialState,
+  type MayStartReply,
   publicKeyOf,
 } from "./Messages.ts"
 
@@ -85,3 +86,28 @@ export const adjust = (
     if (!("balance_usd_nanos" in reply)) return yield* Effect.dieMessage("Adjust answered without a balance")
     return { message, balance_usd_nanos: reply.balance_usd_nanos }
   })
+
+/**
+ * May `run` start with `memoryMib` under the account's memory limit `limitMib`? `{ok: true}` holds
+ * the memory for the run until `Release` (asking again for the same run holds once); otherwise
+ * `{refused: "no_credit" | "memory_limit"}`.
+ */
+export const mayStart = (
+  account: string,
+  run: RunId,
+  memoryMib: number,
+  limitMib: number,
+  timeout: Duration.DurationInput = "5 seconds",
+) =>
+  Effect.flatMap(
+    Mailbox.ask(
+      Account,
+      account,
+      { _tag: "MayStart", run, memory_mib: memoryMib, limit_mib: limitMib },
+      { timeout },
+    ),
+    (reply): Effect.Effect<MayStartReply> =>
+      "ok" in reply || "refused" in reply
+        ? Effect.succeed(reply as MayStartReply)
+        : Effect.dieMessage("MayStart answered without a decision"),
+  )

@@ -1,0 +1,589 @@
+/**
+ * The run actor's handler (type `run`, id = the run id): the run's life cycle, its command
+ * sequence, its timers and its billing. Contract and message list in `Messages.ts`.
+ *
+ * Side effects inside the handler. The runtime's outbox reaches actor mailboxes only, so the
+ * handler writes KV itself, before the runtime stores its state (a retried or re-run handler writes
+ * again, so every write is idempotent):
+ *
+ * - the projection `StoredRun` in KV `runs` (`<account>.<run>`), after every change of the run,
+ *   compare-and-set, and skipped when the stored `seq` is newer than the message being handled (a
+ *   stale owner's late write loses). The same `seq` is written again: it is a retry of the same
+ *   message, whose result is the one the runtime is about to store;
+ * - command records in KV `commands` (`<run>.<sequence>`): created `queued` by `AddCommand`; set
+ *   `cancelled` by `CancelCommand` (a queued run has no machine to ask) and, when the run ends, on
+ *   every record not ended yet, by CAS on the revision read, so the host agent's own writes win
+ *   a race and are never overwritten.
+ *
+ * Billing. Minute `k` (from 1) of a run starts at `started_at + (k − 1) × minuteMs`. `Started`
+ * charges minute 1 at once; the `bill` timer fires at the start of each next minute and charges
+ * every minute started since the last charge in one `Charge`; the end charges what is left, so a
+ * run pays `max(1, ceil((ended_at − started_at) / minuteMs))` minutes (a minute the timer already
+ * charged stays charged). Each `Charge` carries the ledger id `derivedId("led", "<run>:<from>-<through>")`
+ * and the runtime's deterministic message id: a redelivered or re-run message charges the same
+ * range under the same id, which the account applies once, so a run's compute entries always add
+ * up to its charged minutes. Timeouts end at their deadline (a `timeout_minutes` run pays exactly
+ * that many minutes; the `bill` timer never charges past it).
+ *
+ * Credit and suspension are checked at every `bill` (once a minute, so well within the spec's 5
+ * minutes): the account actor's stored balance, and the account record's `state`.
+ */
+import { Effect, Either, Option } from "effect"
+import type { AccountRecord } from "../../core/Accounts.ts"
+import { AccountRecord as AccountRecordSchema, computeRate } from "../../core/Accounts.ts"
+import { derivedId } from "../../core/Ids.ts"
+import * as Kv from "../../core/Kv.ts"
+import { Nats } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
+import { CommandRecord, endedCommandStates } from "../../schema/Command.ts"
+import { type Timestamp, timestamp } from "../../schema/Common.ts"
+import type { EventId, LedgerEntryId, RunId } from "../../schema/Ids.ts"
+import { minutePriceUsdNanos, overdraftUsdNanos, sizes } from "../../schema/Limits.ts"
+import {
+  apiRun,
+  emptyUsage,
+  endedRunStates,
+  type RunFailure,
+  type StoredOutput,
+  StoredRun,
+} from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
+import { Account, type AccountActorState, type Charge } from "../account/Messages.ts"
+import { Host } from "../host/Messages.ts"
+import * as Actor from "../runtime/Actor.ts"
+import * as State from "../runtime/State.ts"
+import { Scheduler, schedulerId } from "../scheduler/Messages.ts"
+import { Webhook } from "../webhooks/Messages.ts"
+import {
+  type Create,
+  Run as Definition,
+  type RunActorState,
+  type RunMessage,
+  type RunReply,
+} from "./Messages.ts"
+import { RunSettings, type RunSettingsShape } from "./Settings.ts"
+
+export { Run } from "./Messages.ts"
+
+/** What the handler reaches besides its state. */
+export interface RunDeps {
+  readonly nats: Nats["Type"]
+  readonly storage: Storage["Type"]
+  readonly settings: RunSettingsShape
+}
+
+/** Timer names (subject tokens). */
+const timers = { queue: "queue", timeout: "timeout", bill: "bill" } as const
+
+/** The detail of a run failed by the actor itself. */
+export const details = {
+  queueTimeout: (ms: number) => `no machine took the run within ${Math.round(ms / 60_000)} minutes`,
+  timeout: (minutes: number) => `the run passed its timeout of ${minutes} minute${minutes === 1 ? "" : "s"}`,
+  credit: "the account's balance went more than $10 below its minimum",
+  suspended: "the account was suspended",
+} as const
+
+/** How a run ends. */
+interface Ending {
+  readonly state: "succeeded" | "failed"
+  /** When it ended (epoch ms). */
+  readonly at: number
+  readonly failure?: RunFailure
+  readonly detail?: string
+  readonly message?: string | undefined
+  readonly output?: StoredOutput
+}
+
+type Result = Actor.HandlerResult<RunActorState, RunReply>
+type Ctx = Actor.ActorContext<RunMessage>
+
+const retryable = (what: string) => (cause: unknown) =>
+  new Actor.Retryable({ message: `${what} failed`, cause })
+
+const isConflict = (e: unknown): e is Kv.StateConflict => (e as { _tag?: unknown })._tag === "StateConflict"
+
+/** The run as first stored: queued, nothing used yet. */
+export const queuedRun = (m: Create, seq: number): StoredRun => ({
+  id: m.id,
+  account: m.account,
+  function: m.function,
+  version: m.version,
+  base: m.base,
+  size: m.size,
+  provider: m.provider,
+  prompt: m.prompt,
+  ...(m.input === undefined ? {} : { input: m.input }),
+  ...(m.webhook === undefined ? {} : { webhook: m.webhook }),
+  ...(m.external_reference === undefined ? {} : { external_reference: m.external_reference }),
+  state: "queued",
+  created_at: m.created_at,
+  created_by: m.created_by,
+  usage: emptyUsage(m.size),
+  memory_mib: m.memory_mib,
+  timeout_minutes: m.timeout_minutes,
+  log_parts: 0,
+  seq,
+})
+
+/** The run actor with its dependencies. */
+export const make = (deps: RunDeps) => {
+  const { minuteMs, queueTimeoutMs } = deps.settings
+  const names = deps.storage.names
+  const provide = <A, E>(effect: Effect.Effect<A, E, Nats | Storage>): Effect.Effect<A, E> =>
+    effect.pipe(Effect.provideService(Nats, deps.nats), Effect.provideService(Storage, deps.storage))
+  const runsKv = provide(Kv.make(names.kv.runs.name, StoredRun))
+  const commandsKv = provide(Kv.make(names.kv.commands.name, CommandRecord))
+  const accountsKv = provide(Kv.make(names.kv.accounts.name, AccountRecordSchema))
+
+  /** Writes the projection unless a newer one is stored (see the module comment). */
+  const project = (run: StoredRun) =>
+    Effect.gen(function* () {
+      const kv = yield* runsKv
+      const key = kvKeys.run(run.account, run.id)
+      for (let attempt = 0; ; attempt++) {
+        const current = yield* Effect.either(kv.get(key))
+        // A stored value that no longer decodes is replaced (only this actor writes the key).
+        if (Either.isLeft(current)) {
+          if (current.left._tag !== "KvValueInvalid") return yield* Effect.fail(current.left)
+          yield* kv.put(key, run)
+          return
+        }
+        const found = current.right
+        if (Option.isSome(found) && found.value.value.seq > run.seq) return
+        // Revision 0 creates: two first writes cannot both succeed.
+        const revision = Option.isSome(found) ? found.value.revision : 0
+        const written = yield* Effect.either(kv.update(key, run, revision))
+        if (Either.isRight(written)) return
+        if (!isConflict(written.left) || attempt >= 4) return yield* Effect.fail(written.left)
+      }
+    }).pipe(Effect.mapError(retryable("writing the run record")))
+
+  /**
+   * Changes command record `sequence` with `f` by CAS, re-reading after a lost race; `f` returns
+   * undefined to leave it. The record as it stands afterwards, or none when there is none.
+   */
+  const modifyCommand = (
+    run: string,
+    sequence: number,
+    f: (record: CommandRecord) => CommandRecord | undefined,
+  ) =>
+    Effect.gen(function* () {
+      const kv = yield* commandsKv
+      const key = kvKeys.command(run, sequence)
+      for (let attempt = 0; ; attempt++) {
+        const current = yield* kv.get(key)
+        if (Option.isNone(current)) return Option.none<CommandRecord>()
+        const next = f(current.value.value)
+        if (next === undefined) return Option.some(current.value.value)
+        const written = yield* Effect.either(kv.update(key, next, current.value.revision))
+        if (Either.isRight(written)) return Option.some(next)
+        if (!isConflict(written.left) || attempt >= 9) return yield* Effect.fail(written.left)
+      }
+    })
+
+  const cancelled = (at: Timestamp) => (record: CommandRecord) =>
+    endedCommandStates.has(record.state)
+      ? undefined
+      : ({ ...record, state: "cancelled", ended_at: at } as CommandRecord)
+
+  /** Marks every command of the run that has not ended `cancelled`. */
+  const cancelOpenCommands = (s: RunActorState, run: string, at: Timestamp) =>
+    Effect.forEach(
+      Object.values(s.commands),
+      (sequence) =>
+        modifyCommand(run, sequence, cancelled(at)).pipe(
+          // One unreadable record must not keep the run from ending.
+          Effect.catchTag("KvValueInvalid", (e) =>
+            Effect.as(
+              Effect.logWarning("command record left as it was: invalid").pipe(
+                Effect.annotateLogs({ run, sequence, error: e.message }),
+              ),
+              Option.none(),
+            ),
+          ),
+        ),
+      { concurrency: 8, discard: true },
+    ).pipe(Effect.mapError(retryable("cancelling the run's commands")))
+
+  /** The `Charge` for minutes `from`…`through` of a started run. */
+  const chargeOf = (s: RunActorState, run: StoredRun, from: number, through: number): Charge => {
+    const started = Date.parse(run.started_at!)
+    return {
+      _tag: "Charge",
+      entry_id: derivedId("led", `${run.id}:${from}-${through}`) as LedgerEntryId,
+      amount_usd_nanos:
+        (through - from + 1) * minutePriceUsdNanos(run.memory_mib, s.rate_usd_nanos_per_gib_hour),
+      // When the first billed minute began: the same for every copy of the entry.
+      effective_at: timestamp(started + (from - 1) * minuteMs),
+      run: run.id,
+      function: run.function,
+      version: run.version,
+      size: run.size,
+      provider: run.provider,
+      started_by: run.created_by,
+      ...(run.external_reference === undefined ? {} : { external_reference: run.external_reference }),
+      from_minute: from,
+      through_minute: through,
+      memory_mib: run.memory_mib,
+      rate_usd_nanos_per_gib_hour: s.rate_usd_nanos_per_gib_hour,
+    }
+  }
+
+  /**
+   * Ends the run once: final charge, timers cancelled, memory released, its host stopped (or the
+   * scheduler told), open commands cancelled, the projection written, the webhook event sent.
+   * `sends` are messages decided before (a `bill`'s charge), kept first.
+   */
+  const end = (
+    s: RunActorState,
+    run: StoredRun,
+    e: Ending,
+    ctx: Ctx,
+    sends: ReadonlyArray<Actor.Outgoing> = [],
+  ): Effect.Effect<Result, Actor.Retryable> =>
+    Effect.gen(function* () {
+      const out: Array<Actor.Outgoing> = [...sends]
+      // Never before the run was created or started (clocks of different processes).
+      const startedMs = run.started_at === undefined ? undefined : Date.parse(run.started_at)
+      const endedMs = Math.max(e.at, Date.parse(run.created_at), startedMs ?? 0)
+      const endedAt = timestamp(endedMs)
+      let charged = s.charged_through
+      let seconds = 0
+      if (startedMs !== undefined) {
+        const used = endedMs - startedMs
+        seconds = Math.ceil(used / 1000)
+        const total = Math.max(1, Math.ceil(used / minuteMs), charged)
+        if (total > charged) out.push(Actor.to(Account, run.account, chargeOf(s, run, charged + 1, total)))
+        charged = total
+      }
+      const { failure: _f, detail: _d, message: _m, output: _o, ...rest } = run
+      const stored: StoredRun = {
+        ...rest,
+        state: e.state,
+        ended_at: endedAt,
+        ...(e.failure === undefined ? {} : { failure: e.failure }),
+        ...(e.detail === undefined ? {} : { detail: e.detail }),
+        ...(e.message === undefined ? {} : { message: e.message }),
+        ...(e.output === undefined ? {} : { output: e.output }),
+        usage: { ...run.usage, compute: { size: run.size, seconds } },
+        seq: ctx.seq,
+      }
+      for (const name of Object.values(timers)) ctx.cancel(name)
+      out.push(Actor.to(Account, run.account, { _tag: "Release", run: run.id }))
+      out.push(
+        run.host === undefined
+          ? Actor.to(Scheduler, schedulerId, { _tag: "Dequeue", run: run.id })
+          : Actor.to(Host, run.host, { _tag: "Stop", run: run.id }),
+      )
+      if (run.webhook !== undefined) {
+        const event = derivedId("evt", run.id) as EventId
+        const type = e.state === "succeeded" ? "run.succeeded" : "run.failed"
+        out.push(
+          Actor.to(Webhook, event, {
+            _tag: "Deliver",
+            event,
+            account: run.account,
+            run: run.id,
+            url: run.webhook,
+            type,
+            // `data.output.url` is signed by the deliverer at each attempt.
+            body: JSON.stringify({ id: event, type, created: endedAt, data: apiRun(stored, "") }),
+          }),
+        )
+      }
+      yield* cancelOpenCommands(s, run.id, endedAt)
+      yield* project(stored)
+      yield* Effect.logInfo("run ended").pipe(
+        Effect.annotateLogs({ run: run.id, state: e.state, failure: e.failure ?? "-", minutes: charged }),
+      )
+      return { state: { ...s, run: stored, charged_through: charged }, send: out }
+    })
+
+  /** The account's balance is more than the overdraft below its minimum. */
+  const overdrawn = (account: string) =>
+    provide(State.read(Account, account)).pipe(
+      Effect.map(
+        Option.match({
+          onNone: () => false,
+          onSome: (r) => {
+            const a = r.state as AccountActorState
+            return a.balance_usd_nanos < a.minimum_balance_usd_nanos - overdraftUsdNanos
+          },
+        }),
+      ),
+      Effect.mapError(retryable("reading the account's balance")),
+    )
+
+  /** The account record says `suspended` (an account without a record is not). */
+  const suspended = (account: string) =>
+    Effect.flatMap(accountsKv, (kv) => kv.get(account)).pipe(
+      Effect.map(Option.exists((e: Kv.KvEntry<AccountRecord>) => e.value.state === "suspended")),
+      Effect.mapError(retryable("reading the account record")),
+    )
+
+  const handler = (
+    s: RunActorState,
+    m: RunMessage,
+    ctx: Ctx,
+  ): Effect.Effect<Result, Actor.Retryable | Kv.KvValueInvalid> =>
+    Effect.gen(function* () {
+      const run = s.run
+      const ended = run !== undefined && endedRunStates.has(run.state)
+      switch (m._tag) {
+        case "Create": {
+          if (run !== undefined) return { state: s, reply: { run } }
+          const created = queuedRun(m, ctx.seq)
+          ctx.schedule(timers.queue, Date.parse(m.created_at) + queueTimeoutMs, { _tag: "QueueTimeout" })
+          yield* project(created)
+          yield* Effect.logInfo("run queued").pipe(Effect.annotateLogs({ run: m.id, account: m.account }))
+          return {
+            state: { ...s, run: created, rate_usd_nanos_per_gib_hour: computeRate },
+            reply: { run: created },
+            send: [
+              Actor.to(Scheduler, schedulerId, {
+                _tag: "Enqueue",
+                run: m.id,
+                account: m.account,
+                size: m.size,
+                vcpus: sizes[m.size].vcpus,
+                memory_mib: m.memory_mib,
+                created_at: m.created_at,
+              }),
+            ],
+          }
+        }
+
+        case "AddCommand": {
+          if (run === undefined) return { state: s, reply: { unknown: true as const } }
+          const known = s.commands[m.id]
+          const sequence = known ?? s.next_sequence
+          if (known === undefined && ended) return { state: s, reply: { ended: true as const } }
+          const record = {
+            id: m.id,
+            run: run.id,
+            kind: m.kind,
+            arguments: m.arguments,
+            source: m.source,
+            sequence,
+            state: "queued",
+            created_at: m.created_at,
+          } as CommandRecord
+          const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
+          const key = kvKeys.command(run.id, sequence)
+          // Written before the state: a re-run of this message finds its own record (same id).
+          const stored = yield* kv.get(key).pipe(
+            Effect.flatMap((found) =>
+              Option.isSome(found) && found.value.value.id === m.id
+                ? Effect.succeed(found.value.value)
+                : Effect.as(kv.update(key, record, Option.isSome(found) ? found.value.revision : 0), record),
+            ),
+            Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("writing the command")(e))),
+          )
+          if (known !== undefined) return { state: s, reply: { command: stored } }
+          return {
+            state: {
+              ...s,
+              next_sequence: sequence + 1,
+              commands: { ...s.commands, [m.id]: sequence },
+            },
+            reply: { command: stored },
+          }
+        }
+
+        case "CancelCommand": {
+          if (run === undefined || s.commands[m.id] !== m.sequence)
+            return { state: s, reply: { unknown: true as const } }
+          if (run.host === undefined) {
+            // No machine has seen the command: it ends here (a queued run, or one that ended queued).
+            const at = timestamp(ctx.now)
+            const record = yield* modifyCommand(run.id, m.sequence, cancelled(at)).pipe(
+              Effect.mapError((e) =>
+                e._tag === "KvValueInvalid" ? e : retryable("cancelling the command")(e),
+              ),
+            )
+            return Option.match(record, {
+              onNone: () => ({ state: s, reply: { unknown: true as const } }),
+              onSome: (command) => ({ state: s, reply: { command } }),
+            })
+          }
+          const current = yield* Effect.flatMap(commandsKv, (kv) =>
+            kv.get(kvKeys.command(run.id, m.sequence)),
+          ).pipe(
+            Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("reading the command")(e))),
+          )
+          if (Option.isNone(current)) return { state: s, reply: { unknown: true as const } }
+          const command = current.value.value
+          // An ended command is unchanged; a live one is the host's to kill.
+          if (endedCommandStates.has(command.state) || ended) return { state: s, reply: { command } }
+          return {
+            state: s,
+            reply: { command },
+            send: [
+              Actor.to(Host, run.host, {
+                _tag: "CancelCommand",
+                run: run.id,
+                command: m.id,
+                sequence: m.sequence,
+              }),
+            ],
+          }
+        }
+
+        case "Started": {
+          const stop = [Actor.to(Host, m.host, { _tag: "Stop", run: ctx.id as RunId })]
+          if (run === undefined || ended) {
+            // Ended while the host was taking it (queue timeout, a failure): the machine goes.
+            yield* Effect.logInfo("run started after it ended: stopping").pipe(
+              Effect.annotateLogs({ run: ctx.id, host: m.host }),
+            )
+            return { state: s, send: stop }
+          }
+          if (run.state === "running")
+            // The same start again changes nothing; a second host taking the run is told to stop.
+            return run.host === m.host ? { state: s } : { state: s, send: stop }
+          const startedMs = Math.max(Date.parse(m.at), Date.parse(run.created_at))
+          const running: StoredRun = {
+            ...run,
+            state: "running",
+            started_at: timestamp(startedMs),
+            host: m.host,
+            seq: ctx.seq,
+          }
+          ctx.cancel(timers.queue)
+          ctx.schedule(timers.timeout, startedMs + run.timeout_minutes * minuteMs, { _tag: "Timeout" })
+          ctx.schedule(timers.bill, startedMs + minuteMs, { _tag: "Bill" })
+          yield* project(running)
+          yield* Effect.logInfo("run started").pipe(Effect.annotateLogs({ run: run.id, host: m.host }))
+          return {
+            state: { ...s, run: running, charged_through: 1 },
+            send: [Actor.to(Account, run.account, chargeOf(s, running, 1, 1))],
+          }
+        }
+
+        case "Ready":
+          yield* Effect.logInfo("run ready").pipe(Effect.annotateLogs({ run: ctx.id }))
+          return { state: s }
+
+        case "Succeed":
+          if (run === undefined || ended) return { state: s }
+          return yield* end(
+            s,
+            run,
+            { state: "succeeded", at: Date.parse(m.at), output: m.output, message: m.message },
+            ctx,
+          )
+
+        case "Fail":
+          if (run === undefined || ended) return { state: s }
+          return yield* end(
+            s,
+            run,
+            {
+              state: "failed",
+              at: Date.parse(m.at),
+              failure: m.failure,
+              detail: m.detail,
+              message: m.message,
+            },
+            ctx,
+          )
+
+        case "QueueTimeout":
+          if (run === undefined || run.state !== "queued") return { state: s }
+          return yield* end(
+            s,
+            run,
+            {
+              state: "failed",
+              at: Date.parse(run.created_at) + queueTimeoutMs,
+              failure: "infrastructure",
+              detail: details.queueTimeout(queueTimeoutMs),
+            },
+            ctx,
+          )
+
+        case "Timeout": {
+          if (run === undefined || run.state !== "running" || run.started_at === undefined)
+            return { state: s }
+          // The run ends at its deadline: it pays `timeout_minutes` minutes, not the timer's lateness.
+          const deadline = Date.parse(run.started_at) + run.timeout_minutes * minuteMs
+          return yield* end(
+            s,
+            run,
+            {
+              state: "failed",
+              at: Math.min(ctx.now, deadline),
+              failure: "timeout",
+              detail: details.timeout(run.timeout_minutes),
+            },
+            ctx,
+          )
+        }
+
+        case "Bill": {
+          if (run === undefined || run.state !== "running" || run.started_at === undefined)
+            return { state: s }
+          const startedMs = Date.parse(run.started_at)
+          // Minutes started by now, never past the timeout (the run ends at its deadline).
+          const startedMinutes = Math.min(
+            Math.floor(Math.max(0, ctx.now - startedMs) / minuteMs) + 1,
+            run.timeout_minutes,
+          )
+          const sends: Array<Actor.Outgoing> = []
+          let next = s
+          if (startedMinutes > s.charged_through) {
+            sends.push(
+              Actor.to(Account, run.account, chargeOf(s, run, s.charged_through + 1, startedMinutes)),
+            )
+            next = { ...s, charged_through: startedMinutes }
+          }
+          ctx.schedule(timers.bill, startedMs + next.charged_through * minuteMs, { _tag: "Bill" })
+          if (yield* overdrawn(run.account))
+            return yield* end(
+              next,
+              run,
+              { state: "failed", at: ctx.now, failure: "credit", detail: details.credit },
+              ctx,
+              sends,
+            )
+          if (yield* suspended(run.account))
+            return yield* end(
+              next,
+              run,
+              { state: "failed", at: ctx.now, failure: "suspended", detail: details.suspended },
+              ctx,
+              sends,
+            )
+          return { state: next, send: sends }
+        }
+
+        case "LogPart": {
+          if (run === undefined || m.n <= run.log_parts) return { state: s }
+          const updated: StoredRun = { ...run, log_parts: m.n, seq: ctx.seq }
+          yield* project(updated)
+          return { state: { ...s, run: updated } }
+        }
+
+        case "Usage": {
+          if (run === undefined) return { state: s }
+          const updated: StoredRun = { ...run, usage: { ...run.usage, model: m.model }, seq: ctx.seq }
+          yield* project(updated)
+          return { state: { ...s, run: updated } }
+        }
+      }
+    })
+
+  return Actor.make({
+    name: Definition.name,
+    state: Definition.state,
+    initial: Definition.initial,
+    message: Definition.message,
+    reply: Definition.reply,
+    handler,
+  })
+}
+
+/** The run actor built from the process's connection, storage and settings. */
+export const actor = Effect.gen(function* () {
+  return make({ nats: yield* Nats, storage: yield* Storage, settings: yield* RunSettings.Tag })
+})

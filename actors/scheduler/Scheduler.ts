@@ -1,0 +1,290 @@
+/**
+ * The scheduler's handler (type `scheduler`, one instance `main`): the queue of runs waiting for a
+ * machine and the placement of each on a host. Contract and message list in `Messages.ts`.
+ *
+ * Room on a host. The host's record in KV `hosts` (rewritten by its agent on every capacity change
+ * and every heartbeat) lists its machines, reserved runs included, and what is free. Runs offered
+ * to the host and not listed in its record yet are taken off what it says is free, so a record a
+ * moment old does not make the scheduler offer the same room twice; a run the record already lists
+ * is counted once. (A run the host took is listed from its reservation on; should a record lag
+ * behind a `Placed`, the host refuses what it lacks.) Hosts whose heartbeat is older than
+ * `hostStaleMs` (or whose record is gone) have no room, and on `Tick` the runs they took fail
+ * `infrastructure` and the runs offered to them wait again.
+ *
+ * Placement is strict first come, first served: only the oldest waiting run is ever considered;
+ * when it fits nowhere, everything behind it waits. A refused offer puts the run back in its place;
+ * the pass that follows leaves the refusing host out (its record was too optimistic), so refusals
+ * cannot loop; the host is offered work again at the next event or `Tick`.
+ *
+ * The `tick` timer runs while anything waits, is offered or is placed: every message that takes the
+ * scheduler from idle to busy schedules it, and each `Tick` schedules the next while busy. Other
+ * messages never move it (a later schedule replaces the earlier one, and a steady stream of
+ * messages would otherwise keep pushing it back).
+ */
+import { Effect, Option } from "effect"
+import { defineSettings, env } from "../../core/Config.ts"
+import * as Kv from "../../core/Kv.ts"
+import { Nats } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
+import { timestamp } from "../../schema/Common.ts"
+import { HostRecord, isLive } from "../../schema/Host.ts"
+import { Host } from "../host/Messages.ts"
+import { Run } from "../run/Messages.ts"
+import * as Actor from "../runtime/Actor.ts"
+import {
+  Scheduler as Definition,
+  type SchedulerMessage,
+  type SchedulerState,
+  type Waiting,
+} from "./Messages.ts"
+
+export { Scheduler } from "./Messages.ts"
+
+export interface SchedulerSettingsShape {
+  /** How often the scheduler re-reads the hosts while it has work (default 2 s). */
+  readonly tickMs: number
+}
+
+/** The scheduler's settings (`HANGAR_SCHEDULER_*`). */
+export const SchedulerSettings = defineSettings(
+  "hangar/SchedulerSettings",
+  { tickMs: 2_000 } as SchedulerSettingsShape,
+  (d) => ({ tickMs: env.integer("SCHEDULER_TICK_MS", d.tickMs) }),
+)
+
+/** What the handler reaches besides its state. */
+export interface SchedulerDeps {
+  readonly nats: Nats["Type"]
+  readonly storage: Storage["Type"]
+  readonly settings: SchedulerSettingsShape
+}
+
+/** The detail of a run whose host went away. */
+export const hostGoneDetail = "its host stopped answering"
+
+const tickTimer = "tick"
+
+type Result = Actor.HandlerResult<SchedulerState, unknown>
+type Ctx = Actor.ActorContext<SchedulerMessage>
+
+/** Queue order: creation time, then run id. */
+const before = (a: Waiting, b: Waiting) =>
+  a.created_at < b.created_at || (a.created_at === b.created_at && a.run < b.run)
+
+/** The queue with `w` in its place (the queue is sorted). */
+export const insert = (queue: ReadonlyArray<Waiting>, w: Waiting): ReadonlyArray<Waiting> => {
+  const at = queue.findIndex((q) => before(w, q))
+  return at === -1 ? [...queue, w] : [...queue.slice(0, at), w, ...queue.slice(at)]
+}
+
+const busy = (s: SchedulerState) =>
+  s.queue.length > 0 || Object.keys(s.offered).length > 0 || Object.keys(s.placed).length > 0
+
+const known = (s: SchedulerState, run: string) =>
+  s.offered[run] !== undefined || s.placed[run] !== undefined || s.queue.some((w) => w.run === run)
+
+/**
+ * Offers the oldest waiting runs, one after the other, each to the live host with the most free
+ * vCPUs that fits it, until one fits nowhere. Pure: the state after and the `Place` messages.
+ */
+export const place = (
+  s: SchedulerState,
+  hosts: ReadonlyArray<HostRecord>,
+  exclude?: string,
+): { readonly state: SchedulerState; readonly send: ReadonlyArray<Actor.Outgoing> } => {
+  // Free room per host, less runs offered or placed there that its record does not list yet.
+  const free = new Map<string, { vcpus: number; memory: number }>()
+  for (const h of hosts) {
+    if (h.id === exclude) continue
+    const listed = new Set(h.machines.flatMap((m) => (m.run === undefined ? [] : [m.run as string])))
+    let vcpus = h.free_vcpus
+    let memory = h.free_memory_mib
+    for (const o of Object.values(s.offered))
+      if (o.host === h.id && !listed.has(o.waiting.run)) {
+        vcpus -= o.waiting.vcpus
+        memory -= o.waiting.memory_mib
+      }
+    free.set(h.id, { vcpus, memory })
+  }
+  const queue = [...s.queue]
+  const offered = { ...s.offered }
+  const send: Array<Actor.Outgoing> = []
+  while (queue.length > 0) {
+    const w = queue[0]!
+    let best: string | undefined
+    for (const [id, room] of free) {
+      if (room.vcpus < w.vcpus || room.memory < w.memory_mib) continue
+      const current = best === undefined ? undefined : free.get(best)!
+      if (current === undefined || room.vcpus > current.vcpus || (room.vcpus === current.vcpus && id < best!))
+        best = id
+    }
+    if (best === undefined) break
+    queue.shift()
+    const room = free.get(best)!
+    free.set(best, { vcpus: room.vcpus - w.vcpus, memory: room.memory - w.memory_mib })
+    offered[w.run] = { host: best, waiting: w }
+    send.push(
+      Actor.to(Host, best, {
+        _tag: "Place",
+        run: w.run,
+        account: w.account,
+        size: w.size,
+        vcpus: w.vcpus,
+        memory_mib: w.memory_mib,
+      }),
+    )
+  }
+  return { state: { ...s, queue, offered }, send }
+}
+
+/** The scheduler with its dependencies. */
+export const make = (deps: SchedulerDeps) => {
+  const { tickMs } = deps.settings
+  const hostsKv = Kv.make(deps.storage.names.kv.hosts.name, HostRecord).pipe(
+    Effect.provideService(Nats, deps.nats),
+  )
+
+  /** The hosts live at `now`; a record that does not decode or vanished while read is left out. */
+  const liveHosts = (now: number) =>
+    Effect.gen(function* () {
+      const kv = yield* hostsKv
+      const found = yield* Effect.forEach(
+        yield* kv.keys(),
+        (key) =>
+          kv
+            .get(key)
+            .pipe(
+              Effect.catchTag("KvValueInvalid", (e) =>
+                Effect.as(
+                  Effect.logWarning("host record left out: invalid").pipe(
+                    Effect.annotateLogs({ host: key, error: e.message }),
+                  ),
+                  Option.none(),
+                ),
+              ),
+            ),
+        { concurrency: 8 },
+      )
+      return found.flatMap((r) => (Option.isSome(r) && isLive(r.value.value, now) ? [r.value.value] : []))
+    }).pipe(Effect.mapError((cause) => new Actor.Retryable({ message: "reading the hosts failed", cause })))
+
+  /** Whether host `id`'s own record is there and live (a record that does not decode is not). */
+  const hostLive = (id: string, now: number) =>
+    Effect.flatMap(hostsKv, (kv) => kv.get(id)).pipe(
+      Effect.map(Option.exists((e) => isLive(e.value, now))),
+      Effect.catchTag("KvValueInvalid", () => Effect.succeed(false)),
+      Effect.mapError((cause) => new Actor.Retryable({ message: "reading a host failed", cause })),
+    )
+
+  /** Places what it can (reading the hosts only when something waits) and keeps the tick going. */
+  const settle = (
+    before: SchedulerState,
+    s: SchedulerState,
+    ctx: Ctx,
+    options: { readonly exclude?: string; readonly sends?: ReadonlyArray<Actor.Outgoing> } = {},
+  ) =>
+    Effect.gen(function* () {
+      let state = s
+      const send = [...(options.sends ?? [])]
+      if (state.queue.length > 0) {
+        const placed = place(state, yield* liveHosts(ctx.now), options.exclude)
+        state = placed.state
+        send.push(...placed.send)
+      }
+      if (!busy(before) && busy(state)) ctx.schedule(tickTimer, ctx.now + tickMs, { _tag: "Tick" })
+      return { state, send } satisfies Result
+    })
+
+  const handler = (s: SchedulerState, m: SchedulerMessage, ctx: Ctx) =>
+    Effect.gen(function* () {
+      switch (m._tag) {
+        case "Enqueue": {
+          if (known(s, m.run)) return { state: s }
+          const { _tag, ...waiting } = m
+          return yield* settle(s, { ...s, queue: insert(s.queue, waiting) }, ctx)
+        }
+        case "Dequeue": {
+          if (!known(s, m.run)) return { state: s }
+          const { [m.run]: _o, ...offered } = s.offered
+          const { [m.run]: _p, ...placed } = s.placed
+          return yield* settle(s, { queue: s.queue.filter((w) => w.run !== m.run), offered, placed }, ctx)
+        }
+        case "Placed": {
+          // A run no longer offered (it ended meanwhile) is the run actor's to stop, not ours to track.
+          const offer = s.offered[m.run]
+          if (offer === undefined || offer.host !== m.host) return { state: s }
+          const { [m.run]: _o, ...offered } = s.offered
+          return yield* settle(s, { ...s, offered, placed: { ...s.placed, [m.run]: m.host } }, ctx)
+        }
+        case "Refused": {
+          const offer = s.offered[m.run]
+          if (offer === undefined || offer.host !== m.host) return { state: s }
+          const { [m.run]: _o, ...offered } = s.offered
+          yield* Effect.logInfo("offer refused").pipe(Effect.annotateLogs({ run: m.run, host: m.host }))
+          return yield* settle(s, { ...s, offered, queue: insert(s.queue, offer.waiting) }, ctx, {
+            exclude: m.host,
+          })
+        }
+        case "Freed": {
+          const { [m.run]: _p, ...placed } = s.placed
+          const next = s.placed[m.run] === m.host ? { ...s, placed } : s
+          return yield* settle(s, next, ctx)
+        }
+        case "Tick": {
+          const hosts = yield* liveHosts(ctx.now)
+          const live = new Set<string>(hosts.map((h) => h.id))
+          // A key listing can miss a record rewritten while it is read (one value kept per key):
+          // a host holding work is declared gone only when reading its own key says so too.
+          const holding = new Set([
+            ...Object.values(s.placed),
+            ...Object.values(s.offered).map((o) => o.host),
+          ])
+          for (const host of holding) if (!live.has(host) && (yield* hostLive(host, ctx.now))) live.add(host)
+          const sends: Array<Actor.Outgoing> = []
+          const placed: Record<string, string> = {}
+          for (const [run, host] of Object.entries(s.placed)) {
+            if (live.has(host)) {
+              placed[run] = host
+              continue
+            }
+            yield* Effect.logWarning("host gone: failing its run").pipe(Effect.annotateLogs({ run, host }))
+            sends.push(
+              Actor.to(Run, run, {
+                _tag: "Fail",
+                failure: "infrastructure",
+                detail: hostGoneDetail,
+                at: timestamp(ctx.now),
+              }),
+            )
+          }
+          const offered: Record<string, SchedulerState["offered"][string]> = {}
+          let queue = s.queue
+          for (const [run, offer] of Object.entries(s.offered)) {
+            if (live.has(offer.host)) offered[run] = offer
+            else queue = insert(queue, offer.waiting)
+          }
+          let state: SchedulerState = { queue, offered, placed }
+          if (state.queue.length > 0) {
+            const result = place(state, hosts)
+            state = result.state
+            sends.push(...result.send)
+          }
+          if (busy(state)) ctx.schedule(tickTimer, ctx.now + tickMs, { _tag: "Tick" })
+          return { state, send: sends }
+        }
+      }
+    })
+
+  return Actor.make({
+    name: Definition.name,
+    state: Definition.state,
+    initial: Definition.initial,
+    message: Definition.message,
+    handler,
+  })
+}
+
+/** The scheduler built from the process's connection, storage and settings. */
+export const actor = Effect.gen(function* () {
+  return make({ nats: yield* Nats, storage: yield* Storage, settings: yield* SchedulerSettings.Tag })
+})
