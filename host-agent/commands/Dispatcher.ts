@@ -33,6 +33,11 @@ export interface Dispatcher {
   readonly submit: (record: CommandRecord) => Effect.Effect<Ticket, SequenceUsed>
   /** Marks a sequence that will not come here (a command handled elsewhere), so later ones need not wait for it. */
   readonly skip: (sequence: number) => Effect.Effect<void>
+  /**
+   * As `skip`, and waits until the sequence's turn has come (every earlier command started): a
+   * command handled elsewhere (`finish`) still starts in arrival order.
+   */
+  readonly turn: (sequence: number) => Effect.Effect<void>
   /** Cancels a queued or running command; false when unknown or already ended. */
   readonly cancel: (id: string) => Effect.Effect<boolean>
 }
@@ -64,6 +69,7 @@ export const make = (
     const byId = new Map<string, Entry>()
     const waiting = new Map<number, Entry>()
     const skipped = new Set<number>()
+    const turns = new Map<number, Deferred.Deferred<void>>()
     let next = options.firstSequence ?? 1
 
     const runEntry = (entry: Entry) =>
@@ -89,6 +95,11 @@ export const make = (
       Effect.gen(function* () {
         for (;;) {
           if (skipped.delete(next)) {
+            const turn = turns.get(next)
+            if (turn) {
+              turns.delete(next)
+              yield* Deferred.succeed(turn, undefined)
+            }
             next++
             continue
           }
@@ -129,6 +140,19 @@ export const make = (
         return advance
       })
 
+    const turn: Dispatcher["turn"] = (sequence) =>
+      Effect.gen(function* () {
+        if (sequence < next || waiting.has(sequence)) return
+        let reached = turns.get(sequence)
+        if (!reached) {
+          reached = yield* Deferred.make<void>()
+          turns.set(sequence, reached)
+        }
+        skipped.add(sequence)
+        yield* advance
+        yield* Deferred.await(reached)
+      })
+
     const cancel: Dispatcher["cancel"] = (id) =>
       Effect.gen(function* () {
         const entry = byId.get(id)
@@ -142,5 +166,5 @@ export const make = (
         )
       })
 
-    return { submit, skip, cancel } satisfies Dispatcher
+    return { submit, skip, turn, cancel } satisfies Dispatcher
   })

@@ -6,8 +6,8 @@
  * cancels the command: a `bash` command's processes are killed by the guest session, and its
  * output stream still gets its done marker.
  *
- * `finish` and `terminal` are not machine commands: the run actor handles `finish`, the relay the
- * terminal; they fail with `HandledElsewhere`.
+ * `finish` and `terminal` are not machine commands: the run's machine handles `finish`
+ * (`host-agent/runs/RunMachine.ts`), the relay the terminal; they fail with `HandledElsewhere`.
  */
 import { posix } from "node:path"
 import { Data, Effect, Schema } from "effect"
@@ -30,6 +30,8 @@ export class HandledElsewhere extends Data.TaggedError("HandledElsewhere")<{
 export interface CommandContext {
   /** The run's account: uploads are sealed for it, and so is what `get` stores. */
   readonly account: string
+  /** The run's environment (the function's variables, secrets opened): under each `bash` command's own `env`. */
+  readonly env?: Readonly<Record<string, string>>
   /** The `files` object store (uploads for `put`; `get` stores its file there). */
   readonly files: ObjectStore
   /** A download link valid 15 minutes for an object `get` stored (the gateway's signing). */
@@ -101,7 +103,11 @@ export const execute = (
           Effect.gen(function* () {
             const sink = yield* OutputSink.make(record.run, record.id, context.sink)
             // The done marker is written however the command ends, cancelled included.
-            return yield* guest.bash(record.arguments, sink.write).pipe(
+            const args =
+              context.env === undefined
+                ? record.arguments
+                : { ...record.arguments, env: { ...context.env, ...record.arguments.env } }
+            return yield* guest.bash(args, sink.write).pipe(
               Effect.onExit(() =>
                 sink.finish.pipe(
                   Effect.tapError((e) => Effect.logWarning("command output not fully stored", e)),
@@ -140,7 +146,8 @@ export const execute = (
       case "terminal":
         return yield* new HandledElsewhere({
           kind: record.kind,
-          detail: record.kind === "finish" ? "the run actor handles finish" : "the relay handles terminals",
+          detail:
+            record.kind === "finish" ? "the run's machine handles finish" : "the relay handles terminals",
         })
     }
   })

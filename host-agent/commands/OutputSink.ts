@@ -8,37 +8,24 @@
  * `<cmd>:<offset>`, so a retried publish is stored once. When the command ends a marker message
  * (`Hangar-Done: 1`, no payload) records the totals.
  *
- * The reader pages by byte offset: the chunk holding the offset is found by a binary search over
- * stream sequences (offsets grow with sequence), then the window is read in order.
+ * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
+ * re-exported here.
  */
 import type { Scope } from "effect"
-import { Deferred, Effect, Option, Queue, Schedule, Stream } from "effect"
+import { Deferred, Effect, Queue, Schedule } from "effect"
+import { outputHeaders } from "../../core/CommandOutput.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import { publish } from "../../core/Stream.ts"
-import { getMessage, readSubject, type StoredMessage } from "../../core/StreamRead.ts"
-import type { CommandOutput } from "../../schema/Command.ts"
+
+export { outputHeaders, READ_MAX_BYTES } from "../../core/CommandOutput.ts"
 
 /** Output bytes of one command kept in the stream: the first 4 MiB. */
 export const KEEP_BYTES = 4 * 1024 * 1024
-/** Most output bytes one read returns: 512 KiB. */
-export const READ_MAX_BYTES = 512 * 1024
 /** A chunk is published once this many bytes are pending. */
 export const FLUSH_BYTES = 64 * 1024
 /** Pending bytes are published at least this often. */
 export const FLUSH_MS = 50
-
-/** Header names of output messages. */
-export const outputHeaders = {
-  /** Byte offset of the message's first byte in the command's output. */
-  offset: "Hangar-Offset",
-  /** Output bytes the command had written when the message was published. */
-  outputBytes: "Hangar-Output-Bytes",
-  /** `1` on the marker published when the command ended. */
-  done: "Hangar-Done",
-  /** On the marker: bytes kept in the stream. */
-  storedBytes: "Hangar-Stored-Bytes",
-} as const
 
 /** The totals of a command's output. */
 export interface OutputTotals {
@@ -187,90 +174,6 @@ export const make = (
   })
 
 // ---------------------------------------------------------------------------------------------
-// Reading
+// Reading: in core, so the gateway reads output without importing the host agent.
 
-const offsetOf = (m: StoredMessage) => Number(m.header(outputHeaders.offset) ?? 0)
-
-/**
- * How many bytes at the end of `bytes` are the start of a multibyte character whose rest is not
- * there (0 when it ends on a whole character, or on bytes that are not UTF-8 anyway).
- */
-export const incompleteTail = (bytes: Uint8Array): number => {
-  const n = bytes.length
-  for (let k = 1; k <= Math.min(3, n); k++) {
-    const b = bytes[n - k] as number
-    if ((b & 0xc0) === 0x80) continue
-    const need = b >= 0xf0 && b <= 0xf4 ? 4 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xc2 && b <= 0xdf ? 2 : 1
-    return need > k ? k : 0
-  }
-  return 0
-}
-
-const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true })
-
-/**
- * Reads command `cmd`'s kept output from byte offset `after`: at most `maxBytes` (512 KiB) bytes,
- * ending on a whole UTF-8 character unless the kept output itself ends inside one; bytes that are
- * not UTF-8 (or a window starting inside a character) read as U+FFFD. `next` is the byte offset
- * after the bytes returned; `done` once the command ended and everything kept was read.
- */
-export const readOutput = (
-  run: string,
-  cmd: string,
-  after: number,
-  maxBytes: number = READ_MAX_BYTES,
-): Effect.Effect<CommandOutput, NatsError, Nats | Storage> =>
-  Effect.gen(function* () {
-    const { names } = yield* Storage
-    const stream = names.streams.OUTPUT.name
-    const subject = names.subjects.output(run, cmd)
-    // Below 4 bytes a window could hold no whole character and never move on.
-    const limit = Math.max(4, Math.min(maxBytes, READ_MAX_BYTES))
-
-    const lastFound = yield* getMessage(stream, { lastOf: subject })
-    if (Option.isNone(lastFound))
-      return { output: "", next: after, output_bytes: 0, stored_bytes: 0, done: false }
-    const last = lastFound.value
-    const ended = last.header(outputHeaders.done) === "1"
-    const storedEnd = offsetOf(last) + last.data.length
-    const output_bytes = Number(last.header(outputHeaders.outputBytes) ?? storedEnd)
-    const stored_bytes = ended ? Number(last.header(outputHeaders.storedBytes) ?? storedEnd) : storedEnd
-    if (after >= storedEnd) return { output: "", next: after, output_bytes, stored_bytes, done: ended }
-
-    // The last message whose offset is at most `after` holds it (offsets grow with sequence).
-    const first = yield* getMessage(stream, { nextOf: subject, seq: 1 })
-    let lo = Option.isSome(first) ? first.value.seq : last.seq
-    let hi = last.seq
-    while (lo < hi) {
-      const mid = Math.floor((lo + hi + 1) / 2)
-      const probe = yield* getMessage(stream, { nextOf: subject, seq: mid })
-      if (Option.isSome(probe) && offsetOf(probe.value) <= after) lo = probe.value.seq
-      else hi = mid - 1
-    }
-
-    const end = Math.min(after + limit, storedEnd)
-    const window = Buffer.alloc(end - after)
-    yield* readSubject(stream, subject, lo, last.seq).pipe(
-      Stream.takeUntil((m) => offsetOf(m) + m.data.length >= end),
-      Stream.runForEach((m) =>
-        Effect.sync(() => {
-          const at = offsetOf(m)
-          const from = Math.max(after, at)
-          const to = Math.min(end, at + m.data.length)
-          if (to > from) window.set(m.data.subarray(from - at, to - at), from - after)
-        }),
-      ),
-    )
-    // More bytes follow (now or later): do not return the first part of a character.
-    const moreToCome = end < storedEnd || !ended
-    const tail = moreToCome ? incompleteTail(window) : 0
-    const bytes = window.subarray(0, window.length - tail)
-    const next = after + bytes.length
-    return {
-      output: decoder.decode(bytes),
-      next,
-      output_bytes,
-      stored_bytes,
-      done: ended && next >= stored_bytes,
-    }
-  })
+export { awaitOutputAfter, incompleteTail, readOutput, readOutputAt } from "../../core/CommandOutput.ts"

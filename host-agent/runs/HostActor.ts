@@ -1,0 +1,227 @@
+/**
+ * The host actor (`actors/host/Messages.ts`), run by the host agent itself: only this process owns
+ * the host's machines and capacity, so instead of an actor worker it consumes its own mailbox
+ * subject `mb.host.<partition>.<host id>` (the partition as every sender computes it) through one
+ * durable consumer named after the host, one message at a time, in order.
+ *
+ *   Place          reads the run (KV `runs`); a run that is missing or ended is dropped. Room is
+ *                  reserved (`Capacity`, under the run's id): none → scheduler `Refused`; else run
+ *                  `Started{host, at}` and scheduler `Placed`, then the run's machine starts in its
+ *                  own fibers (`RunMachine`). A run already running that this process does not
+ *                  hold was taken by an earlier life of this agent, whose machines are lost: when
+ *                  it names this host, the run fails `infrastructure`.
+ *   Stop           ends the run's machine (cancel commands, last log part, destroy, release room,
+ *                  scheduler `Freed`). For a run this process does not hold, only `Freed` (the
+ *                  machine is gone either way, and the scheduler must not count it).
+ *   CancelCommand  cancels one command through the run's machine.
+ *
+ * Ending a machine and cancelling run beside the consumer, so one slow machine never holds up the
+ * host's other messages. Every message sent carries a deterministic id (`<run>:started`,
+ * `<run>:placed`, `<run>:refused:<mailbox seq>`, `<run>:freed`), so a message handled again after a
+ * crash stores nothing twice. A message that cannot be handled for want of the bus is not
+ * acknowledged and comes back; one that does not decode is logged and dropped.
+ *
+ * When the scope closes (the agent stops) the consumer stops first, then every machine is ended
+ * the same way and its run told `Fail{infrastructure, "the host agent stopped"}`.
+ */
+import type { Scope } from "effect"
+import { Clock, Context, Effect, Either, Layer, Option, Schedule, Schema, Stream } from "effect"
+import { Host as HostActorDef, HostMessage, type Place } from "../../actors/host/Messages.ts"
+import { Run } from "../../actors/run/Messages.ts"
+import * as Mailbox from "../../actors/runtime/Mailbox.ts"
+import { ActorSettings } from "../../actors/runtime/Settings.ts"
+import { Scheduler, schedulerId } from "../../actors/scheduler/Messages.ts"
+import * as Consumer from "../../core/Consumer.ts"
+import * as Kv from "../../core/Kv.ts"
+import type { NatsError } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
+import { timestamp } from "../../schema/Common.ts"
+import type { RunId } from "../../schema/Ids.ts"
+import { endedRunStates, StoredRun } from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
+import { Capacity } from "../registry/Capacity.ts"
+import { Host } from "../registry/HostSettings.ts"
+import * as RunMachine from "./RunMachine.ts"
+
+/** The host actor as running in this agent. */
+export interface HostActorService {
+  /** The runs whose machines this agent holds now. */
+  readonly runs: Effect.Effect<ReadonlyArray<RunId>>
+}
+
+/** The Tag of the host actor. */
+export class HostActor extends Context.Tag("host-agent/HostActor")<HostActor, HostActorService>() {}
+
+/** The durable consumer's name: one per host. */
+export const consumerName = (hostId: string) => `host-${hostId}`
+
+const decode = Schema.decodeUnknownEither(Schema.parseJson(HostMessage))
+
+/** What the host actor needs beyond what a run's machine needs. */
+export type HostActorServices =
+  | RunMachine.RunMachineServices
+  | Context.Tag.Identifier<typeof ActorSettings.Tag>
+
+/** Consumes the host's mailbox for the life of the scope. */
+export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | HostActorServices> = Effect.gen(
+  function* () {
+    const services = yield* Effect.context<HostActorServices>()
+    const scope = yield* Effect.scope
+    const { names } = yield* Storage
+    const host = yield* Host
+    const capacity = yield* Capacity
+    const mailbox = yield* Mailbox.Mailbox
+    const actorSettings = yield* ActorSettings.Tag
+    const runs = yield* Kv.make(names.kv.runs.name, StoredRun)
+    const held = new Map<string, RunMachine.RunMachine>()
+    const stream = names.streams.MAILBOX.name
+    const name = consumerName(host.id)
+
+    // Registered before the consumer, so it runs after the consumer has stopped.
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach(
+        [...held.values()],
+        (m) => m.end({ failure: "infrastructure", detail: "the host agent stopped" }),
+        { concurrency: "unbounded", discard: true },
+      ),
+    )
+
+    const freed = (run: string) =>
+      Mailbox.send(
+        Scheduler,
+        schedulerId,
+        { _tag: "Freed", run: run as RunId, host: host.id },
+        { msgId: `${run}:freed` },
+      )
+
+    const place = (message: Place, seq: number) =>
+      Effect.gen(function* () {
+        const found = yield* runs.get(kvKeys.run(message.account, message.run))
+        if (Option.isNone(found)) return yield* Effect.logInfo("placement of an unknown run dropped")
+        const run = found.value.value
+        if (endedRunStates.has(run.state)) return yield* Effect.logInfo("placement of an ended run dropped")
+        if (held.has(run.id)) return
+        if (run.state === "running") {
+          if (run.host !== host.id) return
+          // An earlier life of this agent took it; its machine went with that process.
+          yield* Mailbox.send(
+            Run,
+            run.id,
+            {
+              _tag: "Fail",
+              failure: "infrastructure",
+              detail: "the host agent restarted and lost the run's machine",
+              at: timestamp(yield* Clock.currentTimeMillis),
+            },
+            { msgId: `${run.id}:fail:lost` },
+          )
+          yield* capacity.release(run.id)
+          return yield* freed(run.id)
+        }
+        const reserved = yield* capacity.reserve(run.id, message.size, run.id)
+        if (Either.isLeft(reserved)) {
+          yield* Effect.logInfo("placement refused: no room").pipe(
+            Effect.annotateLogs({
+              field: reserved.left.field,
+              needed: reserved.left.needed,
+              free: reserved.left.free,
+            }),
+          )
+          return yield* Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Refused", run: run.id, host: host.id },
+            { msgId: `${run.id}:refused:${seq}` },
+          )
+        }
+        const at = timestamp(yield* Clock.currentTimeMillis)
+        yield* Mailbox.send(
+          Run,
+          run.id,
+          { _tag: "Started", host: host.id, at },
+          { msgId: `${run.id}:started` },
+        )
+        yield* Mailbox.send(
+          Scheduler,
+          schedulerId,
+          { _tag: "Placed", run: run.id, host: host.id },
+          { msgId: `${run.id}:placed` },
+        )
+        const machine = yield* RunMachine.start(run)
+        held.set(run.id, machine)
+        yield* Effect.logInfo("run placed").pipe(Effect.annotateLogs({ size: message.size }))
+      })
+
+    const handle = (d: Consumer.Delivery) =>
+      Effect.gen(function* () {
+        const decoded = decode(new TextDecoder().decode(d.data))
+        if (Either.isLeft(decoded)) {
+          yield* Effect.logError("host message dropped: it does not decode").pipe(
+            Effect.annotateLogs({ seq: d.seq, error: decoded.left.message }),
+          )
+          return d.ack()
+        }
+        const message = decoded.right
+        const work = Effect.gen(function* () {
+          switch (message._tag) {
+            case "Place":
+              return yield* place(message, d.seq)
+            case "Stop": {
+              const machine = held.get(message.run)
+              if (machine === undefined) return yield* freed(message.run)
+              yield* machine
+                .end()
+                .pipe(Effect.ensuring(Effect.sync(() => held.delete(message.run))), Effect.forkIn(scope))
+              return
+            }
+            case "CancelCommand": {
+              const machine = held.get(message.run)
+              if (machine !== undefined)
+                yield* Effect.forkIn(
+                  Effect.interruptible(machine.cancel(message.command, message.sequence)),
+                  scope,
+                )
+              return
+            }
+          }
+        })
+        yield* work.pipe(
+          Effect.annotateLogs({ run: message.run, message: message._tag }),
+          Effect.matchCauseEffect({
+            onSuccess: () => Effect.sync(() => d.ack()),
+            onFailure: (cause) =>
+              Effect.logWarning("host message not handled; it comes back").pipe(
+                Effect.annotateLogs({ seq: d.seq, cause: String(cause) }),
+                Effect.zipRight(Effect.sync(() => d.nak(1_000))),
+              ),
+          }),
+        )
+      }).pipe(Effect.provide(services), Effect.uninterruptible)
+
+    // The consumer is made again after a failure (the bus went away, the consumer was removed).
+    yield* Effect.gen(function* () {
+      yield* Consumer.create(stream, name, {
+        filter: mailbox.subjectOf(HostActorDef, host.id),
+        ackWaitMs: actorSettings.ackWaitMs,
+        maxAckPending: 1,
+      })
+      yield* Stream.runForEach(yield* Consumer.consume(stream, name), handle)
+    }).pipe(
+      Effect.scoped,
+      Effect.tapErrorCause((cause) =>
+        Effect.logWarning("host mailbox consumer failed; starting it again").pipe(
+          Effect.annotateLogs({ cause: String(cause) }),
+        ),
+      ),
+      Effect.retry(Schedule.spaced("1 second")),
+      Effect.forever,
+      Effect.forkScoped,
+    )
+    yield* Effect.logInfo("host actor consuming").pipe(Effect.annotateLogs({ host: host.id }))
+
+    return { runs: Effect.sync(() => [...held.keys()] as Array<RunId>) } satisfies HostActorService
+  },
+).pipe(Effect.annotateLogs({ role: "host-agent" }))
+
+/** The host actor as a layer (closing it ends every machine). */
+export const layer: Layer.Layer<HostActor, NatsError, HostActorServices> = Layer.scoped(HostActor, make)

@@ -1,0 +1,89 @@
+/**
+ * A run's log (spec "Log"): JSON lines `{at, kind, …}` kept in memory as they come and written as
+ * parts to the `logs` object store, `<run>.<n>` with `n` from 1, each sealed for the run's account.
+ * A part is written every `logFlushMs` while lines wait, and once more when the run's machine ends
+ * (`flush`); after each part the run actor hears `LogPart{n}` (message id `<run>:log:<n>`), which
+ * is how `GET /v1/runs/{id}/log` knows how many parts there are.
+ *
+ * Kinds written by the host agent: `machine` (created), `input` (unpacked and checked, or the
+ * problem), `setup` (one per setup command: the command, its output and exit status), `ready`,
+ * `tool_call` (a command the agent sent: `name`, `arguments`, and its `result` or `error`),
+ * `finish` (a `finish` command and what came of it) and `end` (why the machine went away).
+ *
+ * A part that cannot be stored keeps its lines for the next attempt; the number only advances once
+ * a part is stored, so parts never leave a gap.
+ */
+import type { Scope } from "effect"
+import { Clock, Effect, Stream } from "effect"
+import { Run } from "../../actors/run/Messages.ts"
+import * as Mailbox from "../../actors/runtime/Mailbox.ts"
+import type { Nats } from "../../core/Nats.ts"
+import * as ObjectStore from "../../core/ObjectStore.ts"
+import { SealStream } from "../../core/SealStream.ts"
+import { Storage } from "../../core/Storage.ts"
+import { timestamp } from "../../schema/Common.ts"
+import type { AccountId, RunId } from "../../schema/Ids.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
+
+/** One run's log. */
+export interface RunLog {
+  /** Adds a line `{at, kind, ...fields}` (at = now). */
+  readonly append: (kind: string, fields?: Readonly<Record<string, unknown>>) => Effect.Effect<void>
+  /** Writes the waiting lines as the next part, if any wait; a failure is logged and the lines kept. */
+  readonly flush: Effect.Effect<void>
+  /** Parts stored so far. */
+  readonly parts: Effect.Effect<number>
+}
+
+/** The log of `run`, with a flusher every `flushMs` for the life of the scope. */
+export const make = (options: {
+  readonly run: RunId
+  readonly account: AccountId
+  readonly flushMs: number
+}): Effect.Effect<RunLog, never, Scope.Scope | Nats | Storage | SealStream | Mailbox.Mailbox> =>
+  Effect.gen(function* () {
+    const { names } = yield* Storage
+    const seal = yield* SealStream
+    const services = yield* Effect.context<Nats | Mailbox.Mailbox>()
+    const lock = yield* Effect.makeSemaphore(1)
+    let lines: Array<string> = []
+    let stored = 0
+
+    const append: RunLog["append"] = (kind, fields = {}) =>
+      Effect.map(Clock.currentTimeMillis, (now) => {
+        lines.push(`${JSON.stringify({ at: timestamp(now), kind, ...fields })}\n`)
+      })
+
+    const write = Effect.gen(function* () {
+      if (lines.length === 0) return
+      const taken = lines
+      const n = stored + 1
+      const name = kvKeys.logPart(options.run, n)
+      const logs = yield* ObjectStore.make(names.objects.logs.name)
+      yield* logs.put(name, Stream.make(Buffer.from(taken.join(""))).pipe(seal.seal(options.account, name)))
+      yield* Mailbox.send(Run, options.run, { _tag: "LogPart", n }, { msgId: `${options.run}:log:${n}` })
+      stored = n
+      lines = lines.slice(taken.length)
+    })
+
+    const flush = write.pipe(
+      Effect.catchAll((e) =>
+        Effect.logWarning("run log part not stored; its lines wait for the next").pipe(
+          Effect.annotateLogs({ run: options.run, error: e._tag, message: e.message }),
+        ),
+      ),
+      Effect.provide(services),
+      lock.withPermits(1),
+      Effect.uninterruptible,
+    )
+
+    // Interruptible even when started from an uninterruptible region (the host actor's handler).
+    yield* Effect.sleep(options.flushMs).pipe(
+      Effect.zipRight(flush),
+      Effect.forever,
+      Effect.interruptible,
+      Effect.forkScoped,
+    )
+
+    return { append, flush, parts: Effect.sync(() => stored) } satisfies RunLog
+  })

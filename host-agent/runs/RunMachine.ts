@@ -1,0 +1,711 @@
+/**
+ * One run's machine on this host, from creation to removal (issue 7's machine life cycle).
+ *
+ * Its life, in order: create the machine over the run's base (a base this host does not have is
+ * an `infrastructure` failure), connect the guest session, unpack the input upload into
+ * `/workspace/in` and check the input manifest (`input` failure), run the function's setup
+ * commands with its environment (`setup` failure, the failing command's output in the detail),
+ * tell the run actor `Ready`, then feed the run's commands to the machine's dispatcher.
+ *
+ * Commands come from KV `commands` (`<run>.*`, current values first, then changes): each record
+ * seen `queued` for the first time is taken. Machine kinds go to the dispatcher, which starts them
+ * in sequence order; as each starts its record becomes `running` (+`started_at`), and when it ends
+ * the end state with result or error (+`ended_at`). Every write is compare-and-set on the revision
+ * this machine last read or wrote: when the run actor got there first (it marks what is left
+ * `cancelled` when the run ends), its record stands. `finish` is handled here, starting at its
+ * turn: `failed` ends the run with `no_submission` at once; `succeeded` first waits until every
+ * earlier command has ended, then checks the output manifest — problems are the command's result
+ * and the run goes on; a match packs `/workspace/out` into the `outputs` store as `<run>` (sealed)
+ * and the run succeeds. `terminal`
+ * ends `failed` until the relay lands. A caller's command that ends on a run with a webhook posts
+ * `command.finished` (event id derived from the command id, so a retry is one event).
+ *
+ * A failure of the life tells the run actor (`Fail`) and leaves the machine for the `Stop` that
+ * follows, so there is one way a machine goes away: `end`. It stops the life, cancels the commands
+ * still running (their records end `cancelled`), writes the last log part, closes the guest
+ * session, destroys the machine, gives its capacity back and tells the scheduler `Freed`. `end`
+ * runs once; later calls wait for it.
+ *
+ * Messages carry deterministic ids (`<run>:ready`, `<run>:succeed`, `<run>:fail:<why>`,
+ * `<run>:freed`), so a message sent again is stored once.
+ */
+import {
+  Cause,
+  Clock,
+  type Context,
+  Deferred,
+  Effect,
+  Exit,
+  Fiber,
+  Option,
+  Redacted,
+  Schedule,
+  Schema,
+  Scope as ScopeOps,
+  Stream,
+} from "effect"
+import ssh2 from "ssh2"
+import { Run } from "../../actors/run/Messages.ts"
+import * as Mailbox from "../../actors/runtime/Mailbox.ts"
+import { Scheduler, schedulerId } from "../../actors/scheduler/Messages.ts"
+import { Webhook } from "../../actors/webhooks/Messages.ts"
+import { Functions } from "../../core/Functions.ts"
+import { derivedId } from "../../core/Ids.ts"
+import * as Kv from "../../core/Kv.ts"
+import { Links } from "../../core/Links.ts"
+import type { Nats } from "../../core/Nats.ts"
+import * as ObjectStore from "../../core/ObjectStore.ts"
+import type { SealStream } from "../../core/SealStream.ts"
+import { Secrets } from "../../core/Secrets.ts"
+import { Storage } from "../../core/Storage.ts"
+import {
+  type CommandRecord,
+  CommandRecord as CommandRecordSchema,
+  type CommandResult,
+  endedCommandStates,
+} from "../../schema/Command.ts"
+import { timestamp } from "../../schema/Common.ts"
+import type { EventId } from "../../schema/Ids.ts"
+import type { RunFailure, StoredRun } from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
+import * as Bases from "../bases/Bases.ts"
+import { BasesSettings } from "../bases/Bases.ts"
+import * as Dispatcher from "../commands/Dispatcher.ts"
+import type { CommandContext, Outcome } from "../commands/Executor.ts"
+import { connect, type GuestSession } from "../guest/GuestSession.ts"
+import * as Inputs from "../guest/Inputs.ts"
+import * as Outputs from "../guest/Outputs.ts"
+import * as Setup from "../guest/Setup.ts"
+import { MachineDriver } from "../machines/MachineDriver.ts"
+import { Capacity } from "../registry/Capacity.ts"
+import { Host } from "../registry/HostSettings.ts"
+import * as RunLog from "./RunLog.ts"
+import { RunSettings } from "./RunSettings.ts"
+
+/** What a run's machine needs. */
+export type RunMachineServices =
+  | Nats
+  | Storage
+  | SealStream
+  | Mailbox.Mailbox
+  | MachineDriver
+  | Capacity
+  | Host
+  | Functions
+  | Secrets
+  | Links
+  | Context.Tag.Identifier<typeof RunSettings.Tag>
+  | Context.Tag.Identifier<typeof BasesSettings.Tag>
+
+/** Why a run fails, as sent to the run actor. */
+export interface Failure {
+  readonly failure: RunFailure
+  readonly detail: string
+}
+
+/** One run's machine. */
+export interface RunMachine {
+  readonly run: StoredRun
+  /** Cancels one of the run's commands (queued or running); an ended or unknown one is left alone. */
+  readonly cancel: (command: string, sequence: number) => Effect.Effect<void>
+  /**
+   * Ends the machine (see the module doc); with `failure`, first tells the run actor it failed.
+   * Runs once; a second call waits for the first.
+   */
+  readonly end: (failure?: Failure) => Effect.Effect<void>
+  /** Completes once the machine has ended. */
+  readonly ended: Effect.Effect<void>
+}
+
+// A failure of the life that the run actor hears about.
+class LifeFailed extends Schema.TaggedError<LifeFailed>()("LifeFailed", {
+  failure: Schema.String,
+  detail: Schema.String,
+}) {}
+const lifeFailed = (failure: RunFailure, detail: string) => new LifeFailed({ failure, detail })
+
+// The error text of a tagged error, for details and command errors.
+const describe = (e: { readonly _tag: string }): string => {
+  const { detail, message } = e as { readonly detail?: unknown; readonly message?: unknown }
+  return `${e._tag}: ${String(detail ?? message ?? "")}`
+}
+
+/** A command this machine took, and what it last wrote for it. */
+interface Tracked {
+  record: CommandRecord
+  revision: number
+  /** Set once its end state is written (by this machine or found written by the run actor). */
+  done: boolean
+  /** The fiber that writes its end (dispatched kinds) or handles it (`finish`). */
+  fiber?: Fiber.RuntimeFiber<void>
+  /** Dispatched through the dispatcher (cancel there), or handled here (interrupt the fiber). */
+  dispatched: boolean
+  lock: Effect.Semaphore
+}
+
+/**
+ * Starts the machine of `run`, whose capacity the caller has reserved under the run's id. The life
+ * runs in its own fibers; the returned machine is ended with `end`.
+ */
+export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachineServices> =>
+  Effect.gen(function* () {
+    const services = yield* Effect.context<RunMachineServices>()
+    const { names } = yield* Storage
+    const settings = yield* RunSettings.Tag
+    const host = yield* Host
+    const capacity = yield* Capacity
+    const links = yield* Links
+    const scope = yield* ScopeOps.make()
+    const done = yield* Deferred.make<void>()
+    const dispatcherReady = yield* Deferred.make<Dispatcher.Dispatcher>()
+    const log = yield* RunLog.make({ run: run.id, account: run.account, flushMs: settings.logFlushMs }).pipe(
+      ScopeOps.extend(scope),
+    )
+    const tracked = new Map<string, Tracked>()
+    const feedLock = yield* Effect.makeSemaphore(1)
+    let finished = false
+    let ending = false
+    const runId = run.id
+    const now = Effect.map(Clock.currentTimeMillis, timestamp)
+
+    const send = <E, R>(what: string, effect: Effect.Effect<void, E, R>) =>
+      effect.pipe(
+        Effect.retry({ times: 5, schedule: Schedule.exponential("100 millis") }),
+        Effect.catchAllCause((cause) =>
+          Effect.logError(`could not tell ${what}`).pipe(
+            Effect.annotateLogs({ run: runId, cause: Cause.pretty(cause) }),
+          ),
+        ),
+      )
+    const fail = (failure: RunFailure, detail: string, key: string, message?: string) =>
+      Effect.flatMap(now, (at) =>
+        send(
+          "the run actor it failed",
+          Mailbox.send(
+            Run,
+            runId,
+            { _tag: "Fail", failure, detail, at, ...(message === undefined ? {} : { message }) },
+            { msgId: `${runId}:fail:${key}` },
+          ),
+        ),
+      )
+
+    // ----- command records
+
+    const commands = yield* Kv.make(names.kv.commands.name, CommandRecordSchema).pipe(Effect.orDie)
+    const keyOf = (r: CommandRecord) => kvKeys.command(runId, r.sequence)
+
+    // Writes `next` over the revision last seen; false when the run actor ended the record first.
+    const writeRecord = (t: Tracked, next: CommandRecord): Effect.Effect<boolean> =>
+      Effect.gen(function* () {
+        for (let attempt = 0; attempt < 5; attempt++) {
+          const written = yield* commands.update(keyOf(next), next, t.revision).pipe(
+            Effect.map(Option.some),
+            Effect.catchTag("StateConflict", () => Effect.succeed(Option.none<number>())),
+          )
+          if (Option.isSome(written)) {
+            t.revision = written.value
+            t.record = next
+            return true
+          }
+          const current = yield* commands.get(keyOf(next))
+          if (Option.isNone(current) || endedCommandStates.has(current.value.value.state)) {
+            t.done = true
+            return false
+          }
+          t.revision = current.value.revision
+        }
+        return false
+      }).pipe(
+        Effect.catchAll((e) =>
+          Effect.as(
+            Effect.logWarning("command record not written").pipe(
+              Effect.annotateLogs({ run: runId, command: next.id, error: e._tag, message: e.message }),
+            ),
+            false,
+          ),
+        ),
+        t.lock.withPermits(1),
+      )
+
+    const markRunning = (t: Tracked) =>
+      Effect.gen(function* () {
+        if (t.done || t.record.state !== "queued") return
+        yield* writeRecord(t, { ...t.record, state: "running", started_at: yield* now } as CommandRecord)
+      })
+
+    const commandFinished = (record: CommandRecord) =>
+      Effect.gen(function* () {
+        if (record.source !== "caller" || run.webhook === undefined) return
+        const event = derivedId("evt", record.id) as EventId
+        const body = JSON.stringify({
+          id: event,
+          type: "command.finished",
+          created: record.ended_at ?? (yield* now),
+          data: { run: runId, command: Schema.encodeSync(CommandRecordSchema)(record) },
+        })
+        yield* send(
+          "the webhook of a finished command",
+          Mailbox.send(
+            Webhook,
+            event,
+            {
+              _tag: "Deliver",
+              event,
+              account: run.account,
+              run: runId,
+              url: run.webhook,
+              type: "command.finished",
+              body,
+            },
+            { msgId: event },
+          ),
+        )
+      })
+
+    // Writes the end state; the webhook and the log follow when this machine wrote it. Not cut
+    // midway: a record ended here always has its log line and webhook.
+    const finishRecord = (t: Tracked, outcome: Outcome) =>
+      Effect.gen(function* () {
+        if (t.done) return
+        const at = yield* now
+        const base = { ...t.record, ended_at: at }
+        const next = (
+          outcome.state === "succeeded"
+            ? { ...base, state: "succeeded", result: outcome.result, started_at: base.started_at ?? at }
+            : outcome.state === "failed"
+              ? { ...base, state: "failed", error: outcome.error }
+              : { ...base, state: "cancelled" }
+        ) as CommandRecord
+        const wrote = yield* writeRecord(t, next)
+        t.done = true
+        if (!wrote) return
+        if (next.source === "agent" && next.kind !== "finish")
+          yield* log.append("tool_call", {
+            command: next.id,
+            name: next.kind,
+            arguments: next.arguments,
+            state: next.state,
+            ...(next.result === undefined ? {} : { result: next.result }),
+            ...(next.error === undefined ? {} : { error: next.error }),
+          })
+        yield* commandFinished(next)
+      }).pipe(Effect.uninterruptible)
+
+    // ----- the life
+
+    const life = (handOver: (d: Dispatcher.Dispatcher) => Effect.Effect<void>) =>
+      Effect.gen(function* () {
+        const functions = yield* Functions
+        const driver = yield* MachineDriver
+        const secrets = yield* Secrets
+        const basesDir = (yield* BasesSettings.Tag).dir
+        const version = yield* functions.version(run.function, run.version).pipe(
+          Effect.mapError((e) =>
+            lifeFailed("infrastructure", `reading the function version: ${describe(e)}`),
+          ),
+          Effect.flatMap(
+            Option.match({
+              onNone: () =>
+                Effect.fail(
+                  lifeFailed(
+                    "infrastructure",
+                    `version ${run.version} of function ${run.function} is missing`,
+                  ),
+                ),
+              onSome: Effect.succeed,
+            }),
+          ),
+        )
+        const base = (yield* Bases.list(basesDir)).find((b) => b.name === run.base)
+        if (base === undefined)
+          return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
+
+        const keys = {
+          client: ssh2.utils.generateKeyPairSync("ed25519"),
+          host: ssh2.utils.generateKeyPairSync("ed25519"),
+        }
+        const machine = yield* Effect.acquireRelease(
+          driver.create({
+            id: runId,
+            size: run.size,
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+          }),
+          (m) =>
+            driver
+              .destroy(m.id)
+              .pipe(
+                Effect.catchAll((e) =>
+                  Effect.logError("machine not fully removed").pipe(
+                    Effect.annotateLogs({ run: runId, detail: e.detail }),
+                  ),
+                ),
+              ),
+        ).pipe(
+          ScopeOps.extend(scope),
+          Effect.mapError((e) =>
+            lifeFailed("infrastructure", `creating the machine failed at ${e.step}: ${e.detail}`),
+          ),
+        )
+        yield* log.append("machine", { size: run.size, base: run.base, host: host.id })
+        const guest: GuestSession = yield* connect({ ...machine.ssh, privateKey: keys.client.private }).pipe(
+          ScopeOps.extend(scope),
+          Effect.mapError((e) => lifeFailed("infrastructure", `connecting to the machine: ${e.detail}`)),
+        )
+
+        // Input.
+        const files = yield* ObjectStore.make(names.objects.files.name)
+        const inputFailure = (e: { readonly _tag: string }) =>
+          e instanceof Inputs.InputFailed
+            ? lifeFailed("input", e.detail)
+            : lifeFailed("infrastructure", `unpacking the input: ${describe(e)}`)
+        if (run.input !== undefined) {
+          const unpacked = yield* Inputs.unpack(
+            guest,
+            { store: files, account: run.account, name: run.input },
+            { diskBytes: machine.limits.diskBytes },
+          ).pipe(
+            Effect.tapError((e) => log.append("input", { upload: run.input, error: describe(e) })),
+            Effect.mapError(inputFailure),
+          )
+          yield* log.append("input", { upload: run.input, ...unpacked })
+        }
+        if (version.input_manifest.length > 0)
+          yield* Inputs.checkManifest(guest, version.input_manifest).pipe(
+            Effect.tapError((e) => log.append("input", { error: describe(e) })),
+            Effect.mapError(inputFailure),
+          )
+
+        // The environment: plain values, and secrets opened for the account.
+        const env: Record<string, string> = {}
+        for (const v of version.environment) {
+          if ("value" in v) env[v.name] = v.value
+          else {
+            const opened = yield* secrets
+              .open(run.account, v.secret_id)
+              .pipe(
+                Effect.mapError((e) =>
+                  lifeFailed("infrastructure", `opening the secret of ${v.name}: ${describe(e)}`),
+                ),
+              )
+            if (Option.isNone(opened))
+              return yield* lifeFailed("setup", `the secret of environment variable ${v.name} is missing`)
+            env[v.name] = Redacted.value(opened.value)
+          }
+        }
+
+        // Setup.
+        const setup = yield* Setup.run(guest, version.setup, { env }).pipe(
+          Effect.mapError((e) => lifeFailed("infrastructure", `setup could not run: ${describe(e)}`)),
+        )
+        for (const step of setup.steps) yield* log.append("setup", { ...step })
+        const setupFailure = Setup.failureDetail(setup)
+        if (setupFailure !== undefined) return yield* lifeFailed("setup", setupFailure)
+
+        yield* send(
+          "the run actor it is ready",
+          Effect.flatMap(now, (at) =>
+            Mailbox.send(Run, runId, { _tag: "Ready", at }, { msgId: `${runId}:ready` }),
+          ),
+        )
+        yield* log.append("ready")
+
+        // Commands.
+        const outputs = yield* ObjectStore.make(names.objects.outputs.name)
+        const context: CommandContext = {
+          account: run.account,
+          env,
+          files,
+          signDownload: (object, as) =>
+            Effect.sync(() =>
+              links.download({
+                store: "files",
+                object: object.name,
+                account: run.account,
+                filename: as.filename,
+              }),
+            ),
+        }
+        const dispatcher = yield* Dispatcher.make({
+          guest,
+          context,
+          onStart: (record) => {
+            const t = tracked.get(record.id)
+            return t === undefined ? Effect.void : markRunning(t)
+          },
+        }).pipe(ScopeOps.extend(scope))
+        yield* handOver(dispatcher)
+
+        const handleFinish = (t: Tracked) =>
+          Effect.gen(function* () {
+            const record = t.record
+            if (record.kind !== "finish") return
+            yield* dispatcher.turn(record.sequence)
+            yield* markRunning(t)
+            const args = record.arguments
+            // Every earlier command has started; an output is judged once they have all ended, so
+            // `[bash writing out/…, finish]` sent together sees what the bash wrote. Giving up
+            // (`failed`) judges nothing and does not wait: the run's end cancels what still runs.
+            if (args.state === "succeeded")
+              yield* Effect.forEach(
+                [...tracked.values()].filter((o) => o.record.sequence < record.sequence),
+                (o) => (o.fiber === undefined ? Effect.void : Fiber.await(o.fiber)),
+                { discard: true },
+              )
+            if (finished)
+              return yield* finishRecord(t, { state: "failed", error: "the run has already finished" })
+            if (args.state === "failed") {
+              finished = true
+              yield* finishRecord(t, { state: "succeeded", result: { accepted: true } })
+              yield* log.append("finish", {
+                command: record.id,
+                state: "failed",
+                detail: args.detail ?? null,
+              })
+              const detail = `finished as failed${args.detail === undefined ? "" : `: ${args.detail}`}`
+              return yield* fail("no_submission", detail, "finish", args.detail)
+            }
+            const problems = yield* Outputs.checkManifest(guest, version.output_manifest)
+            if (problems.length > 0) {
+              const list = problems.map((p) => p.detail)
+              yield* log.append("finish", {
+                command: record.id,
+                state: "succeeded",
+                accepted: false,
+                problems: list,
+              })
+              return yield* finishRecord(t, {
+                state: "succeeded",
+                result: { accepted: false, problems: list } as CommandResult,
+              })
+            }
+            finished = true
+            const packed = yield* Outputs.pack(guest, {
+              store: outputs,
+              account: run.account,
+              name: runId,
+            }).pipe(
+              Effect.tapError((e) =>
+                Effect.zipRight(
+                  finishRecord(t, { state: "failed", error: `packing the output failed: ${describe(e)}` }),
+                  fail("infrastructure", `packing the output failed: ${describe(e)}`, "pack"),
+                ),
+              ),
+            )
+            yield* finishRecord(t, { state: "succeeded", result: { accepted: true } })
+            yield* log.append("finish", {
+              command: record.id,
+              state: "succeeded",
+              accepted: true,
+              sha256: packed.sha256,
+              bytes: packed.bytes,
+              file_count: packed.file_count,
+            })
+            const at = yield* now
+            yield* send(
+              "the run actor it succeeded",
+              Mailbox.send(
+                Run,
+                runId,
+                {
+                  _tag: "Succeed",
+                  output: {
+                    sha256: packed.sha256,
+                    bytes: packed.bytes,
+                    file_count: packed.file_count,
+                    files: packed.files,
+                    object: runId,
+                  },
+                  ...(args.detail === undefined ? {} : { message: args.detail }),
+                  at,
+                },
+                { msgId: `${runId}:succeed` },
+              ),
+            )
+          }).pipe(
+            Effect.catchAll((e) =>
+              finishRecord(t, { state: "failed", error: `the machine is unavailable: ${describe(e)}` }),
+            ),
+          )
+
+        const take = (record: CommandRecord, revision: number) =>
+          Effect.gen(function* () {
+            if (tracked.has(record.id)) return
+            const t: Tracked = {
+              record,
+              revision,
+              done: false,
+              dispatched: false,
+              lock: yield* Effect.makeSemaphore(1),
+            }
+            tracked.set(record.id, t)
+            if (record.state !== "queued" || finished) {
+              // Ended (or running) elsewhere, or after the run finished: not this machine's to run.
+              t.done = record.state !== "queued"
+              return yield* dispatcher.skip(record.sequence)
+            }
+            if (record.kind === "finish") {
+              t.fiber = yield* Effect.forkIn(handleFinish(t), scope)
+              return
+            }
+            if (record.kind === "terminal") {
+              yield* dispatcher.skip(record.sequence)
+              return yield* finishRecord(t, { state: "failed", error: "terminals are not available yet" })
+            }
+            t.dispatched = true
+            const ticket = yield* dispatcher.submit(record).pipe(Effect.either)
+            if (ticket._tag === "Left") {
+              t.dispatched = false
+              return yield* finishRecord(t, {
+                state: "failed",
+                error: `sequence ${record.sequence} was taken`,
+              })
+            }
+            t.fiber = yield* Deferred.await(ticket.right.outcome).pipe(
+              Effect.catchAll((e) => Effect.succeed<Outcome>({ state: "failed", error: e.detail })),
+              Effect.flatMap((outcome) => finishRecord(t, outcome)),
+              Effect.forkIn(scope),
+            )
+          })
+
+        yield* commands.watch(kvKeys.commandsOf(runId)).pipe(
+          Stream.runForEach((change) =>
+            change._tag === "Put"
+              ? feedLock.withPermits(1)(take(change.value, change.revision))
+              : Effect.void,
+          ),
+          Effect.mapError((e) => lifeFailed("infrastructure", `watching the run's commands: ${describe(e)}`)),
+        )
+      })
+
+    const lifeFiber = yield* life((d) => Deferred.succeed(dispatcherReady, d)).pipe(
+      Effect.catchAll((e) =>
+        e instanceof LifeFailed
+          ? Effect.all([
+              // Setup and input details hold the caller's output (maybe secrets): the log has those.
+              Effect.logWarning("run failed on its machine").pipe(
+                Effect.annotateLogs({
+                  run: runId,
+                  failure: e.failure,
+                  ...(e.failure === "infrastructure" ? { detail: e.detail.slice(0, 2_000) } : {}),
+                }),
+              ),
+              log.append("failed", { failure: e.failure, detail: e.detail }),
+              fail(e.failure as RunFailure, e.detail, e.failure),
+            ])
+          : Effect.zipRight(
+              Effect.logError("run machine failed").pipe(
+                Effect.annotateLogs({ run: runId, error: describe(e) }),
+              ),
+              fail("infrastructure", describe(e), "infrastructure"),
+            ),
+      ),
+      Effect.catchAllDefect((defect) =>
+        Effect.zipRight(
+          Effect.logError("run machine died").pipe(
+            Effect.annotateLogs({ run: runId, defect: String(defect) }),
+          ),
+          fail("infrastructure", `internal error: ${String(defect)}`, "infrastructure"),
+        ),
+      ),
+      Effect.annotateLogs({ run: runId }),
+      Effect.provide(services),
+      // The host actor starts machines in an uninterruptible handler; the life (and every fiber
+      // it forks: commands, output sinks) must stay interruptible, or nothing could stop it.
+      Effect.interruptible,
+      Effect.forkIn(scope),
+    )
+
+    // ----- cancel and end
+
+    const cancelTracked = (t: Tracked) =>
+      Effect.gen(function* () {
+        // Ended: its fiber may still be writing the log line and the webhook; let it.
+        if (t.done) {
+          if (t.fiber) yield* Fiber.await(t.fiber)
+          return
+        }
+        if (t.dispatched) {
+          const dispatcher = yield* Deferred.await(dispatcherReady)
+          yield* dispatcher.cancel(t.record.id)
+          if (t.fiber) yield* Fiber.await(t.fiber)
+        } else if (t.fiber) {
+          yield* Fiber.interrupt(t.fiber)
+        }
+        yield* finishRecord(t, { state: "cancelled" })
+      })
+
+    const cancel: RunMachine["cancel"] = (command, sequence) =>
+      feedLock.withPermits(1)(
+        Effect.gen(function* () {
+          const t = tracked.get(command)
+          if (t !== undefined) return yield* cancelTracked(t)
+          // Not taken yet (the machine is still starting): end its record here; the feed skips it.
+          const current = yield* commands.get(kvKeys.command(runId, sequence))
+          if (Option.isNone(current) || current.value.value.id !== command) return
+          if (endedCommandStates.has(current.value.value.state)) return
+          const at = yield* now
+          yield* commands
+            .update(
+              kvKeys.command(runId, sequence),
+              { ...current.value.value, state: "cancelled", ended_at: at } as CommandRecord,
+              current.value.revision,
+            )
+            .pipe(Effect.catchTag("StateConflict", () => Effect.void))
+        }).pipe(
+          Effect.catchAll((e) =>
+            Effect.logWarning("command not cancelled").pipe(
+              Effect.annotateLogs({ run: runId, command, error: e._tag }),
+            ),
+          ),
+          Effect.provide(services),
+        ),
+      )
+
+    const teardown = (failure: Failure | undefined) =>
+      Effect.gen(function* () {
+        if (failure !== undefined) yield* fail(failure.failure, failure.detail, "host")
+        yield* Fiber.interrupt(lifeFiber)
+        // Commands still running end `cancelled`, and ended ones finish their log line and webhook,
+        // within the grace (the run actor marks the rest).
+        yield* Effect.forEach(tracked.values(), cancelTracked, {
+          concurrency: "unbounded",
+          discard: true,
+        }).pipe(
+          Effect.timeout(settings.endGraceMs),
+          Effect.catchAll(() => Effect.logWarning("commands not all marked cancelled in time")),
+        )
+        yield* log.append(
+          "end",
+          failure === undefined ? {} : { failure: failure.failure, detail: failure.detail },
+        )
+        yield* log.flush
+        yield* ScopeOps.close(scope, Exit.void)
+        yield* capacity.release(runId)
+        yield* send(
+          "the scheduler the machine is gone",
+          Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Freed", run: runId, host: host.id },
+            { msgId: `${runId}:freed` },
+          ),
+        )
+        yield* Effect.logInfo("run machine ended").pipe(Effect.annotateLogs({ run: runId }))
+      }).pipe(
+        Effect.provide(services),
+        Effect.ensuring(Deferred.succeed(done, undefined)),
+        Effect.uninterruptible,
+      )
+
+    const end: RunMachine["end"] = (failure) =>
+      Effect.suspend(() => {
+        if (ending) return Deferred.await(done)
+        ending = true
+        return teardown(failure)
+      })
+
+    return { run, cancel, end, ended: Deferred.await(done) } satisfies RunMachine
+  })

@@ -1,0 +1,25 @@
+/**
+ * Settings of the runs a host agent holds (`HANGAR_RUN_*`). Every long interval is a setting so
+ * tests can use short ones.
+ */
+import { defineSettings, env } from "../../core/Config.ts"
+
+export interface RunSettingsShape {
+  /** How often a waiting run log is written as a part (spec: at least every 30 s while running). */
+  readonly logFlushMs: number
+  /**
+   * How long ending a run waits for its commands' last records (cancelled) before it destroys the
+   * machine anyway; the run actor marks what is left `cancelled`.
+   */
+  readonly endGraceMs: number
+}
+
+/** The runs' settings. */
+export const RunSettings = defineSettings(
+  "host-agent/RunSettings",
+  { logFlushMs: 30_000, endGraceMs: 10_000 } as RunSettingsShape,
+  (d) => ({
+    logFlushMs: env.integer("RUN_LOG_FLUSH_MS", d.logFlushMs),
+    endGraceMs: env.integer("RUN_END_GRACE_MS", d.endGraceMs),
+  }),
+)
