@@ -500,6 +500,27 @@ describe("lifecycle", () => {
     await expect(fetch(`${own.url}/v1/health`)).rejects.toThrow()
   })
 
+  it("closing the layer also ends kept-alive connections", async () => {
+    const own = await start({ perSecond: 1_000_000, burst: 1_000_000 })
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+    const status = await new Promise<number>((resolve, reject) =>
+      http
+        .get(`${own.url}/v1/health`, { agent }, (res) => {
+          res.resume()
+          res.on("end", () => resolve(res.statusCode ?? 0))
+        })
+        .on("error", reject),
+    )
+    expect(status).toBe(200)
+    const [socket] = Object.values(agent.freeSockets).flat()
+    expect(socket).toBeDefined()
+    const ended = new Promise<void>((resolve) => socket!.once("close", () => resolve()))
+    await own.close()
+    await ended
+    expect(socket!.destroyed).toBe(true)
+    agent.destroy()
+  })
+
   it("a port 0 setting binds a free port and reports it", async () => {
     expect(new URL(server.url).port).toMatch(/^[1-9][0-9]*$/)
     expect(Server.parseAddr("127.0.0.1:0")).toEqual({ host: "127.0.0.1", port: 0 })

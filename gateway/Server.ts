@@ -222,7 +222,13 @@ export const make = <R>(
           )
         })
       }),
-      (socket) => Effect.sync(() => uWS.us_listen_socket_close(socket)),
+      // Closing the listen socket alone would leave keep-alive connections served by a closed
+      // layer; `close()` (in the runtime, missing from the typings) also ends every connection.
+      (socket) =>
+        Effect.sync(() => {
+          uWS.us_listen_socket_close(socket)
+          ;(app as unknown as { close: () => void }).close()
+        }),
     )
     const bound = uWS.us_socket_local_port(listenSocket as unknown as uWS.us_socket)
     const url = `http://${host.includes(":") ? `[${host}]` : host}:${bound}`

@@ -5,18 +5,22 @@
  */
 import { Layer } from "effect"
 import type { Accounts as AccountStore } from "../core/Accounts.ts"
+import * as Links from "../core/Links.ts"
 import { IssuerSettings } from "../core/LocalIssuer.ts"
 import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
 import * as Accounts from "./accounts/routes.ts"
 import * as Auth from "./auth/Auth.ts"
+import * as Commands from "./commands/routes.ts"
 import * as Credit from "./credit/group.ts"
+import * as Downloads from "./downloads/routes.ts"
 import * as Definitions from "./functions/group.ts"
 import * as Health from "./Health.ts"
 import * as CliLogins from "./logins/CliLogins.ts"
 import * as Logins from "./logins/routes.ts"
 import * as OpenApi from "./openapi/OpenApi.ts"
 import * as RateLimit from "./RateLimit.ts"
+import * as Runs from "./runs/routes.ts"
 import * as Server from "./Server.ts"
 import * as Uploads from "./uploads/routes.ts"
 
@@ -27,9 +31,18 @@ const served = [
   ...Logins.routes,
   ...Credit.routes,
   ...Uploads.routes,
+  ...Downloads.routes,
+  ...Runs.routes,
+  ...Commands.routes,
 ]
 /** Every route the gateway serves; each route group contributes its `routes`, and the document of them all. */
 export const routes = [...served, ...OpenApi.routesFor(served)]
+
+// Signed links (upload and download links share the key), settings from `HANGAR_*` variables.
+const linkServices = Links.layer.pipe(Layer.provideMerge(Links.LinkSettings.layerFromEnv))
+
+// The downloads, runs and commands groups' services (they also use the definitions and uploads groups' stores).
+const runServices = Layer.mergeAll(Downloads.layer, Runs.layerFromEnv, Commands.layerFromEnv)
 
 // The CLI login, credit and uploads groups' services, settings from `HANGAR_*` variables.
 const groupServices = Layer.mergeAll(CliLogins.layerFromEnv, Credit.layerFromEnv, Uploads.layer)
@@ -43,6 +56,8 @@ export const layer = Server.layer<
   | AccountStore
   | Definitions.Services
   | Layer.Layer.Success<typeof groupServices>
+  | Layer.Layer.Success<typeof runServices>
+  | Layer.Layer.Success<typeof linkServices>
   // Routes reading streams and actor state straight from the process's connection (usage, balance).
   | Nats
   | Storage
@@ -52,6 +67,8 @@ export const layer = Server.layer<
   Layer.provide(Server.HttpSettings.layerFromEnv),
   // Before the auth layers: the login service reads the account store they provide.
   Layer.provide(groupServices),
+  Layer.provide(runServices),
+  Layer.provide(linkServices),
   Layer.provide(Auth.layerAll),
   Layer.provide(Definitions.layerFromEnv),
   Layer.provide(IssuerSettings.layerFromEnv),

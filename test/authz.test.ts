@@ -6,26 +6,41 @@
  * `served` and one row per route; a row that changes something gives `prepare`, which makes a
  * fresh target per cell so cells do not depend on each other's order.
  */
+
+import { randomBytes } from "node:crypto"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Redacted } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { type AccountWorker, startAccountWorker } from "../actors/account/testing.ts"
 import * as Mailbox from "../actors/runtime/Mailbox.ts"
 import { ActorSettings } from "../actors/runtime/Settings.ts"
 import type { AccountRecord, AccountsService } from "../core/Accounts.ts"
+import * as Functions from "../core/Functions.ts"
 import { makeId } from "../core/Ids.ts"
+import * as Keyring from "../core/Keyring.ts"
+import * as Links from "../core/Links.ts"
+import * as MasterKey from "../core/MasterKey.ts"
+import * as Providers from "../core/Providers.ts"
+import * as SealStream from "../core/SealStream.ts"
+import * as Uploads from "../core/Uploads.ts"
+import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
 import { routes as accountRoutes } from "../gateway/accounts/routes.ts"
 import { hashToken, newToken } from "../gateway/auth/KeyTokens.ts"
 import { authRoute } from "../gateway/auth/Route.ts"
 import { personToken, run, startGateway, type TestGateway } from "../gateway/auth/testing.ts"
+import { CommandRouteSettings } from "../gateway/commands/LongPoll.ts"
+import * as Commands from "../gateway/commands/routes.ts"
 import * as PaymentProcessor from "../gateway/credit/PaymentProcessor.ts"
 import { routes as creditRoutes } from "../gateway/credit/routes.ts"
+import * as Downloads from "../gateway/downloads/routes.ts"
 import * as CliLogins from "../gateway/logins/CliLogins.ts"
 import { routes as loginRoutes } from "../gateway/logins/routes.ts"
 import { routeServices } from "../gateway/logins/testing.ts"
 import { json } from "../gateway/Response.ts"
+import { RunRouteSettings } from "../gateway/runs/Runs.ts"
+import * as Runs from "../gateway/runs/routes.ts"
 import type { Key } from "../schema/Account.ts"
 import type { ErrorCode } from "../schema/Errors.ts"
 import type { KeyId } from "../schema/Ids.ts"
@@ -57,8 +72,26 @@ const probes = [
 
 // The login and credit groups' services (no payment processor configured) are given to their
 // routes directly, since this gateway provides only auth and the account store.
-const groupRoutes = [...loginRoutes, ...creditRoutes]
+const groupRoutes = [...loginRoutes, ...creditRoutes, ...Runs.routes, ...Downloads.routes, ...Commands.routes]
+// The runs and downloads groups: the stores they read, links, sealing with an in-memory master key.
+const runServices = Layer.mergeAll(
+  Runs.layer,
+  RunRouteSettings.layer(),
+  Downloads.layer,
+  Functions.layer,
+  Providers.layer,
+  Uploads.layer,
+  Links.layer.pipe(
+    Layer.provideMerge(Links.LinkSettings.layer({ key: Redacted.make(randomBytes(32).toString("base64")) })),
+  ),
+  SealStream.layer.pipe(
+    Layer.provide(Keyring.layer),
+    Layer.provide(Layer.merge(MasterKey.layerMemory(), WrappedKeyStore.layerMemory)),
+  ),
+)
 const groupServices = Layer.mergeAll(
+  runServices,
+  CommandRouteSettings.layer(),
   CliLogins.layer.pipe(Layer.provideMerge(CliLogins.CliLoginSettings.layer())),
   PaymentProcessor.layer.pipe(Layer.provide(PaymentProcessor.PaymentSettings.layer())),
   Mailbox.layer.pipe(Layer.provide(ActorSettings.layer())),
@@ -176,8 +209,72 @@ const freshKey = async (
   return { id: key.id, token }
 }
 
+/** A `member` route: keys of both scopes and members pass with `ok`. */
+const memberRoute = (ok: Outcome): Record<Caller, Outcome> => ({
+  ...unauthenticatedFour,
+  runKey: ok,
+  adminKey: ok,
+  owner: ok,
+  member: ok,
+  nonMember: NM,
+  noAccountHeader: AR,
+})
+
 /** The matrix: one row per route, one outcome per caller. */
 const matrix: ReadonlyArray<Row> = [
+  {
+    method: "POST",
+    route: "/v1/functions/{id}/runs",
+    // No function in this account: every caller allowed to try reaches the lookup.
+    prepare: async () => ({
+      path: "/v1/functions/fnc_00000000000000000000000000/runs",
+      body: { prompt: "go" },
+    }),
+    expect: { ...memberRoute(NF), runKey: NF },
+  },
+  // A run key must name the function it lists runs of.
+  { method: "GET", route: "/v1/runs", expect: { ...memberRoute(200), runKey: [400, "invalid_request"] } },
+  {
+    method: "GET",
+    route: "/v1/runs/{id}",
+    prepare: async () => ({ path: "/v1/runs/run_00000000000000000000000000" }),
+    expect: { ...memberRoute(NF), runKey: NF },
+  },
+  {
+    method: "GET",
+    route: "/v1/runs/{id}/log",
+    prepare: async () => ({ path: "/v1/runs/run_00000000000000000000000000/log" }),
+    expect: { ...memberRoute(NF), runKey: NF },
+  },
+  // Commands: no run in this account, so every caller allowed to try reaches the run lookup.
+  ...(
+    [
+      ["POST", "/v1/runs/{id}/commands", { kind: "bash", arguments: { command: "true" } }],
+      ["GET", "/v1/runs/{id}/commands", undefined],
+      ["GET", "/v1/runs/{id}/commands/{cid}", undefined],
+      ["GET", "/v1/runs/{id}/commands/{cid}/output", undefined],
+      ["POST", "/v1/runs/{id}/commands/{cid}/cancel", undefined],
+    ] as const
+  ).map(
+    ([method, route, body]): Row => ({
+      method,
+      route,
+      prepare: async () => ({
+        path: route
+          .replace("{id}", "run_00000000000000000000000000")
+          .replace("{cid}", "cmd_00000000000000000000000000"),
+        ...(body === undefined ? {} : { body }),
+      }),
+      expect: memberRoute(NF),
+    }),
+  ),
+  // The signature is the credential: without one every caller is refused alike.
+  {
+    method: "GET",
+    route: "/v1/downloads/{store}/{object}",
+    prepare: async () => ({ path: "/v1/downloads/outputs/run_00000000000000000000000000" }),
+    expect: everyone(U),
+  },
   {
     method: "GET",
     route: "/v1/me",

@@ -7,24 +7,22 @@
  * default (`HANGAR_UPLOAD_LINK_SECONDS`): long enough to start a 5 GB upload on a slow line, short
  * enough that a leaked link soon stops working (it can only ever store the announced file).
  *
- * The link key is 32 bytes shared by every gateway: `HANGAR_UPLOAD_LINK_KEY` (base64) when set,
- * else a file in the data folder (`HANGAR_UPLOAD_LINK_KEY_FILE`, default `.data/upload-link.key`)
- * created once, mode 0600, atomically, exactly like the master key file.
+ * The link key is the one `core/Links.ts` loads (`LinkSettings`: `HANGAR_UPLOAD_LINK_KEY` or its
+ * key file), shared with download links; the labels (`hangar/upload-link`, `hangar/download-link`)
+ * keep one kind of signature from ever passing for the other.
  */
-import { createHmac, createSecretKey, type KeyObject, timingSafeEqual } from "node:crypto"
-import { join } from "node:path"
-import { Context, Effect, Layer, Redacted } from "effect"
+import { createHmac, type KeyObject, timingSafeEqual } from "node:crypto"
+import { Context, Effect, Layer } from "effect"
 import { lengthPrefixed } from "../../core/Aead.ts"
 import { defineSettings, env } from "../../core/Config.ts"
-import { loadFile, MasterKeyInvalid } from "../../core/MasterKey.ts"
-import { dataDir } from "../../deploy/tools.mjs"
+import { loadKey } from "../../core/Links.ts"
 import { uploadMaxBytes } from "../../schema/Limits.ts"
 
 /**
  * Upload settings. `publicUrl` (`HANGAR_PUBLIC_URL`): the base of the links handed out; empty means
  * `http://` and the request's `Host` header (set it in production: behind a proxy or TLS).
  * `linkSeconds`: link lifetime. `maxBytes`: the most a `PUT` stores, the contract's 5 GB (tests
- * lower it to reach the limit without sending gigabytes). `keyFile` / `key`: the link key.
+ * lower it to reach the limit without sending gigabytes). The key is `core/Links.ts`'s `LinkSettings`.
  */
 export const UploadSettings = defineSettings(
   "gateway/UploadSettings",
@@ -32,21 +30,15 @@ export const UploadSettings = defineSettings(
     publicUrl: "",
     linkSeconds: 3600,
     maxBytes: uploadMaxBytes,
-    keyFile: join(dataDir, "upload-link.key"),
-    key: Redacted.make(""),
   } as {
     readonly publicUrl: string
     readonly linkSeconds: number
     readonly maxBytes: number
-    readonly keyFile: string
-    readonly key: Redacted.Redacted<string>
   },
   (d) => ({
     publicUrl: env.string("PUBLIC_URL", d.publicUrl),
     linkSeconds: env.integer("UPLOAD_LINK_SECONDS", d.linkSeconds),
     maxBytes: env.integer("UPLOAD_MAX_BYTES", d.maxBytes),
-    keyFile: env.string("UPLOAD_LINK_KEY_FILE", d.keyFile),
-    key: env.redacted("UPLOAD_LINK_KEY", ""),
   }),
 )
 
@@ -100,20 +92,8 @@ export const fromKey = (key: KeyObject): UploadLinksService => {
   }
 }
 
-/** Builds the signer from the settings: the env key first, else the key file (created once). */
-export const make = Effect.gen(function* () {
-  const settings = yield* UploadSettings.Tag
-  const fromEnv = Redacted.value(settings.key)
-  if (fromEnv.length === 0) return fromKey(yield* loadFile(settings.keyFile))
-  const bytes = Buffer.from(fromEnv, "base64")
-  if (bytes.byteLength !== 32) {
-    return yield* new MasterKeyInvalid({
-      source: "HANGAR_UPLOAD_LINK_KEY",
-      reason: `expected 32 bytes, found ${bytes.byteLength}`,
-    })
-  }
-  return fromKey(createSecretKey(bytes))
-})
+/** Builds the signer over the shared link key (`core/Links.ts` `LinkSettings`). */
+export const make = Effect.map(loadKey, fromKey)
 
 /** The signer as a layer; fails (the gateway refuses to start) when the key is unusable. */
 export const layer = Layer.effect(UploadLinks, make)

@@ -23,8 +23,8 @@ const wrappedKeys = Layer.unwrapEffect(
 )
 
 /**
- * What the routes need beyond the auth step, given NATS, the storage map, `UploadSettings` and
- * `MasterKeySettings`.
+ * What the routes need beyond the auth step, given NATS, the storage map, `UploadSettings`,
+ * `LinkSettings` (the link key) and `MasterKeySettings`.
  */
 export const layerServices = Layer.mergeAll(
   Links.layer,
@@ -36,7 +36,10 @@ export const layerServices = Layer.mergeAll(
   ),
 )
 
-/** The services with their settings read from `HANGAR_*` variables (the upload settings are kept: the routes read them). */
+/**
+ * The services with their settings read from `HANGAR_*` variables (the upload settings are kept:
+ * the routes read them). `LinkSettings` is left to the caller, which shares it with download links.
+ */
 export const layer = layerServices.pipe(
   Layer.provideMerge(Links.UploadSettings.layerFromEnv),
   Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),

@@ -7,6 +7,7 @@ import { join } from "node:path"
 import { Chunk, Context, Effect, Exit, Layer, Option, Redacted, Scope, Stream } from "effect"
 import { Accounts, type AccountsService } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
+import { LinkSettings } from "../../core/Links.ts"
 import { IssuerSettings } from "../../core/LocalIssuer.ts"
 import * as Log from "../../core/Log.ts"
 import { MasterKeySettings } from "../../core/MasterKey.ts"
@@ -49,6 +50,8 @@ export interface GatewayOptions {
   readonly prefix: string
   readonly dir: string
   readonly upload?: Partial<typeof UploadSettings.defaults>
+  /** Link settings (the link key; the key file defaults to one in `dir`). */
+  readonly links?: Partial<typeof LinkSettings.defaults>
   /** Log lines go here instead of stdout. */
   readonly lines?: Array<string>
 }
@@ -58,8 +61,9 @@ export const gatewayLayer = (options: GatewayOptions) => {
   const base = Layer.mergeAll(Auth.layerAll, layerServices).pipe(
     Layer.provide(IssuerSettings.layer({ keyFile: join(options.dir, "issuer.key") })),
     Layer.provide(MasterKeySettings.layer({ file: join(options.dir, "master.key"), key: Redacted.make("") })),
+    Layer.provideMerge(UploadSettings.layer({ ...options.upload })),
     Layer.provideMerge(
-      UploadSettings.layer({ keyFile: join(options.dir, "upload-link.key"), ...options.upload }),
+      LinkSettings.layer({ keyFile: join(options.dir, "upload-link.key"), ...options.links }),
     ),
     Layer.provideMerge(Storage.layerPrefix(options.prefix)),
     Layer.provideMerge(Nats.layerUrl(options.natsUrl, "hangar-test-uploads")),

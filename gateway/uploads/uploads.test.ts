@@ -99,7 +99,8 @@ beforeAll(async () => {
     natsUrl: nats.url,
     prefix: uniquePrefix(),
     dir,
-    upload: { maxBytes: LIMIT, key: Redacted.make(linkKey.toString("base64")) },
+    upload: { maxBytes: LIMIT },
+    links: { key: Redacted.make(linkKey.toString("base64")) },
   })
   a = await accountWithKey(gw.accounts, "alpha")
   b = await accountWithKey(gw.accounts, "beta")

@@ -1,0 +1,76 @@
+/**
+ * Waiting for a command's output (`awaitOutputAfter`) and the stream sequence a read reports
+ * (`readOutputAt`), over a real nats-server. The reader itself is tested with the sink that writes
+ * it (`host-agent/commands/OutputSink.test.ts`).
+ */
+import { Deferred, Effect, Exit, Fiber, ManagedRuntime } from "effect"
+import { afterAll, describe, expect, it } from "vitest"
+import { layerAll } from "../test/harness/NatsServer.ts"
+import { awaitOutputAfter, outputHeaders, readOutputAt } from "./CommandOutput.ts"
+import { makeId } from "./Ids.ts"
+import { Storage } from "./Storage.ts"
+import { publish } from "./Stream.ts"
+
+const runtime = ManagedRuntime.make(layerAll())
+afterAll(() => runtime.dispose())
+
+const ids = () => ({ run: makeId("run"), cmd: makeId("cmd") })
+
+// One output chunk at `offset`, as the host agent's sink publishes it.
+const chunk = (run: string, cmd: string, offset: number, text: string) =>
+  Effect.flatMap(Storage, ({ names }) =>
+    publish(names.subjects.output(run, cmd), text, {
+      msgId: `${cmd}:${offset}`,
+      headers: {
+        [outputHeaders.offset]: String(offset),
+        [outputHeaders.outputBytes]: String(offset + Buffer.byteLength(text)),
+      },
+    }),
+  )
+
+describe("awaitOutputAfter", () => {
+  it("waits for the next chunk after the sequence read, and not for the ones before", () =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const { run, cmd } = ids()
+        yield* chunk(run, cmd, 0, "one ")
+        const first = yield* readOutputAt(run, cmd, 0)
+        expect(first.output).toMatchObject({ output: "one ", next: 4, done: false })
+        expect(first.lastSeq).toBeGreaterThan(0)
+        const started = yield* Deferred.make<void>()
+        const waiting = yield* Deferred.succeed(started, undefined).pipe(
+          Effect.zipRight(awaitOutputAfter(run, cmd, first.lastSeq)),
+          Effect.fork,
+        )
+        yield* Deferred.await(started)
+        // Still waiting: nothing newer is stored.
+        expect(yield* Fiber.poll(waiting).pipe(Effect.map((o) => o._tag))).toBe("None")
+        yield* chunk(run, cmd, 4, "two")
+        yield* Fiber.join(waiting)
+        expect((yield* readOutputAt(run, cmd, 4)).output.output).toBe("two")
+      }),
+    ))
+
+  it("a chunk stored between the read and the wait is not missed", () =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const { run, cmd } = ids()
+        const before = yield* readOutputAt(run, cmd, 0)
+        expect(before.lastSeq).toBe(0)
+        yield* chunk(run, cmd, 0, "early")
+        // Completes at once: the stream already holds a message after the sequence read.
+        yield* awaitOutputAfter(run, cmd, before.lastSeq)
+      }),
+    ))
+
+  it("ignores other commands' output and can be interrupted", () =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const { run, cmd } = ids()
+        const waiting = yield* Effect.fork(awaitOutputAfter(run, cmd, 0))
+        yield* chunk(run, makeId("cmd"), 0, "someone else")
+        const exit = yield* Fiber.interrupt(waiting)
+        expect(Exit.isInterrupted(exit)).toBe(true)
+      }),
+    ))
+})

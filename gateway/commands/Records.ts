@@ -1,0 +1,116 @@
+/**
+ * A run's command records as the command routes read them (KV `commands`, key `<run>.<sequence>`,
+ * written `queued` by the run actor and advanced by the host agent by compare-and-set).
+ *
+ * - A command id is found through the run actor's stored state (`commands`: id → sequence, KV
+ *   `actors`), one read instead of a scan of the run's records. The actor stores its state before
+ *   it answers `AddCommand`, so a command the caller was just given is always found.
+ * - "Changed after N" uses the bucket's revisions as the change counter: each record's revision is
+ *   its last write, so a command shows up again each time it changes (`core/KvChanges.ts`).
+ * - Every wait is a KV watch, which opens its subscription before it reads (a watch of one key
+ *   starts with its current value; a watch of changes starts at revision N+1), so a write between
+ *   a read and the wait is never missed. Callers bound waits with a timeout; interrupting one (the
+ *   client went away) closes its watch.
+ */
+import { Effect, Option, Schema, Stream } from "effect"
+import { Run } from "../../actors/run/Messages.ts"
+import * as State from "../../actors/runtime/State.ts"
+import * as Kv from "../../core/Kv.ts"
+import { changesAfter, type KvChangesRead } from "../../core/KvChanges.ts"
+import type { Nats, NatsError } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
+import {
+  type CommandRecord,
+  CommandRecord as CommandRecordSchema,
+  endedCommandStates,
+} from "../../schema/Command.ts"
+import { CommandId } from "../../schema/Ids.ts"
+import type { RunState } from "../../schema/Run.ts"
+import { StoredRun } from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
+
+type Fails = NatsError | Kv.KvValueInvalid
+
+const isCommandId = Schema.is(CommandId)
+
+/** Whether a command has ended (cancelling it changes nothing). */
+export const isEnded = (record: CommandRecord): boolean => endedCommandStates.has(record.state)
+
+const commands = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandRecordSchema))
+
+/** The sequence of command `cid` of run `run`, from the run actor's stored state; none when unknown. */
+export const sequenceOf = (
+  run: string,
+  cid: string,
+): Effect.Effect<Option.Option<number>, unknown, Nats | Storage> =>
+  isCommandId(cid)
+    ? Effect.map(State.read(Run, run), (found) =>
+        Option.flatMap(found, (r) => Option.fromNullable(r.state.commands[cid])),
+      )
+    : Effect.succeed(Option.none())
+
+/** The current record at sequence `seq` of run `run`, or none. */
+export const get = (
+  run: string,
+  seq: number,
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
+  Effect.gen(function* () {
+    const kv = yield* commands
+    return Option.map(yield* kv.get(kvKeys.command(run, seq)), (e) => e.value)
+  })
+
+/** Command `cid` of run `run` with its sequence, or none when the run has no such command. */
+export const find = (run: string, cid: string) =>
+  Effect.gen(function* () {
+    const seq = yield* sequenceOf(run, cid)
+    if (Option.isNone(seq)) return Option.none<CommandRecord>()
+    return Option.filter(yield* get(run, seq.value), (r) => r.id === cid)
+  })
+
+/** Completes with the record at `seq` once it has ended (at once when it already has); waits as long as it takes. */
+export const awaitEnded = (
+  run: string,
+  seq: number,
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
+  Effect.gen(function* () {
+    const kv = yield* commands
+    return yield* kv.watch(kvKeys.command(run, seq)).pipe(
+      Stream.filterMap((change) =>
+        change._tag === "Put" && isEnded(change.value) ? Option.some(change.value) : Option.none(),
+      ),
+      Stream.runHead,
+    )
+  })
+
+/** The run's records changed after revision `since`, oldest change first, about `maxBytes` of JSON at most. */
+export const changedAfter = (
+  run: string,
+  since: number,
+  maxBytes: number,
+): Effect.Effect<KvChangesRead<CommandRecord>, Fails, Nats | Storage> =>
+  Effect.flatMap(Storage, ({ names }) =>
+    changesAfter(names.kv.commands.name, CommandRecordSchema, kvKeys.commandsOf(run), since, maxBytes),
+  )
+
+/** Completes at the first write to any record of the run after revision `since`; waits as long as it takes. */
+export const awaitChangeAfter = (run: string, since: number): Effect.Effect<void, Fails, Nats | Storage> =>
+  Effect.gen(function* () {
+    const kv = yield* commands
+    yield* kv.watch(kvKeys.commandsOf(run), { fromRevision: since + 1 }).pipe(Stream.take(1), Stream.runDrain)
+  })
+
+/** Completes once the run's stored state is other than `state`; waits as long as it takes. */
+export const awaitRunStateOtherThan = (
+  account: string,
+  run: string,
+  state: RunState,
+): Effect.Effect<void, Fails, Nats | Storage> =>
+  Effect.gen(function* () {
+    const { names } = yield* Storage
+    const runs = yield* Kv.make(names.kv.runs.name, StoredRun)
+    yield* runs.watch(kvKeys.run(account, run)).pipe(
+      Stream.filter((change) => change._tag === "Put" && change.value.state !== state),
+      Stream.take(1),
+      Stream.runDrain,
+    )
+  })

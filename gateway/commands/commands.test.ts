@@ -1,0 +1,501 @@
+/**
+ * The commands API without a machine: every validation boundary (body, arguments per kind, the
+ * 128 KiB arguments limit, `wait`, `since`, `after`), who may reach a run's commands (404 for other
+ * accounts, 403 `key_scope` for run keys of other functions), and the long polls — answered when the
+ * awaited change happens, at the end of `wait` otherwise, and ended by a client that goes away.
+ *
+ * Through HTTP against the whole stack with no host agent: runs stay `queued`, so their commands
+ * stay `queued` until cancelled (the run actor cancels them itself, having no machine to ask).
+ */
+import { Effect } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as Kv from "../../core/Kv.ts"
+import { Storage } from "../../core/Storage.ts"
+import type { BaseInfo } from "../../schema/Base.ts"
+import { HostRecord } from "../../schema/Host.ts"
+import {
+  type Answer,
+  call,
+  createAccount,
+  expectStatus,
+  type Headers,
+  type Json,
+  publish,
+  type Stack,
+  startRun,
+  startStack,
+  type TestAccount,
+} from "../../test/harness/Stack.ts"
+
+// A list read holds about this much JSON (small, so paging shows with a few large commands).
+const LIST_MAX_BYTES = 64 * 1024
+
+let stack: Stack
+let a: TestAccount
+let b: TestAccount
+let fn: Json // a function of a
+let otherFn: Json // another function of a
+let runKeyThis: Headers // a run key of a for `fn`
+let runKeyOther: Headers // a run key of a for `otherFn` only
+let run: string // a queued run of `fn`
+let otherRun: string // a queued run of `otherFn`
+
+const expectRefused = (answer: Answer, status: number, code: string, field?: string) => {
+  expect({ status: answer.status, code: answer.body?.code }).toEqual({ status, code })
+  if (field !== undefined)
+    expect(answer.body.error).toMatch(new RegExp(`^${field.replace(/[[\].]/g, "\\$&")}: `))
+}
+
+const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): Promise<Headers> => {
+  const made = expectStatus(
+    await call(stack, "POST", "/v1/keys", account.owner, { name: "ci", scope: "run", functions }),
+    201,
+    "POST /v1/keys",
+  )
+  return { authorization: `Bearer ${made.token}` }
+}
+
+/**
+ * No host agent runs here, so the bases `POST /v1/functions` checks against come from a host
+ * record listing the test base, live for an hour (no host ever takes a run: none is running).
+ */
+const putHost = () =>
+  stack.run(
+    Effect.gen(function* () {
+      const { names } = yield* Storage
+      const kv = yield* Kv.make(names.kv.hosts.name, HostRecord)
+      const at = new Date(Date.now() + 3_600_000).toISOString()
+      yield* kv.put("host_commands_test", {
+        id: "host_commands_test" as HostRecord["id"],
+        driver: "namespace",
+        vcpus: 2,
+        memory_mib: 4096,
+        bases: [
+          { name: stack.base.name as BaseInfo["name"], sha256: stack.base.sha256, bytes: stack.base.bytes },
+        ],
+        started_at: at,
+        heartbeat_at: at,
+        machines: [],
+        free_vcpus: 2,
+        free_memory_mib: 4096,
+      })
+    }),
+  )
+
+beforeAll(async () => {
+  stack = await startStack({ noHost: true, settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES } })
+  await putHost()
+  a = await createAccount(stack, { name: "alpha", memoryMib: 65_536 })
+  b = await createAccount(stack, { name: "beta" })
+  fn = await publish(stack, a, { name: "commands" })
+  otherFn = await publish(stack, a, { name: "other" })
+  runKeyThis = await runKey(a, [fn.function])
+  runKeyOther = await runKey(a, [otherFn.function])
+  run = (await startRun(stack, a, fn.function)).id
+  otherRun = (await startRun(stack, a, otherFn.function)).id
+}, 120_000)
+
+afterAll(async () => {
+  const left = await stack?.close()
+  expect(left ?? []).toEqual([])
+})
+
+const post = (body: unknown, r: string = run, headers: Headers = a.admin) =>
+  call(stack, "POST", `/v1/runs/${r}/commands`, headers, body)
+const send = async (kind: string, args: Record<string, unknown>, r: string = run): Promise<Json> =>
+  expectStatus(await post({ kind, arguments: args }, r), 201, `POST commands ${kind}`)
+const get = (path: string, headers: Headers = a.admin) => call(stack, "GET", path, headers)
+const cancel = (r: string, cid: string, headers: Headers = a.admin) =>
+  call(stack, "POST", `/v1/runs/${r}/commands/${cid}/cancel`, headers)
+
+// `write` arguments whose JSON is exactly `bytes` long.
+const writeOf = (bytes: number) => {
+  const base = JSON.stringify({ file_path: "a.txt", content: "" }).length
+  return { file_path: "a.txt", content: "x".repeat(bytes - base) }
+}
+
+describe("POST /v1/runs/{id}/commands: the body", () => {
+  const refusals: ReadonlyArray<readonly [string, unknown, string]> = [
+    ["no kind", { arguments: {} }, "kind"],
+    ["an unknown kind", { kind: "dance", arguments: {} }, "kind"],
+    ["no arguments", { kind: "bash" }, "arguments"],
+    ["arguments not an object", { kind: "bash", arguments: ["ls"] }, "arguments"],
+    ["an unknown field", { kind: "bash", arguments: { command: "ls" }, extra: 1 }, "extra"],
+    ["bash without command", { kind: "bash", arguments: {} }, "arguments.command"],
+    ["bash with an empty command", { kind: "bash", arguments: { command: "" } }, "arguments.command"],
+    [
+      "bash timeout_ms 0",
+      { kind: "bash", arguments: { command: "ls", timeout_ms: 0 } },
+      "arguments.timeout_ms",
+    ],
+    [
+      "bash timeout_ms over 24 hours",
+      { kind: "bash", arguments: { command: "ls", timeout_ms: 86_400_001 } },
+      "arguments.timeout_ms",
+    ],
+    [
+      "bash env with a bad name",
+      { kind: "bash", arguments: { command: "ls", env: { "1X": "y" } } },
+      "arguments.env.1X",
+    ],
+    [
+      "bash with an unknown argument",
+      { kind: "bash", arguments: { command: "ls", cwd: "/" } },
+      "arguments.cwd",
+    ],
+    ["read offset 0", { kind: "read", arguments: { file_path: "a", offset: 0 } }, "arguments.offset"],
+    [
+      "read limit not a number",
+      { kind: "read", arguments: { file_path: "a", limit: "9" } },
+      "arguments.limit",
+    ],
+    ["write without content", { kind: "write", arguments: { file_path: "a" } }, "arguments.content"],
+    ["edit without edits", { kind: "edit", arguments: { file_path: "a", edits: [] } }, "arguments.edits"],
+    [
+      "edit with an empty old_text",
+      { kind: "edit", arguments: { file_path: "a", edits: [{ old_text: "", new_text: "b" }] } },
+      "arguments.edits[0].old_text",
+    ],
+    ["list with an empty path", { kind: "list", arguments: { path: "" } }, "arguments.path"],
+    [
+      "put of something not an upload",
+      { kind: "put", arguments: { file: "x", path: "a" } },
+      "arguments.file",
+    ],
+    ["get without path", { kind: "get", arguments: {} }, "arguments.path"],
+    ["finish with another state", { kind: "finish", arguments: { state: "done" } }, "arguments.state"],
+    [
+      "terminal with a bad public key",
+      { kind: "terminal", arguments: { rows: 24, cols: 80, public_key: "abc" } },
+      "arguments.public_key",
+    ],
+    [
+      "terminal with 0 rows",
+      { kind: "terminal", arguments: { rows: 0, cols: 80, public_key: "abc" } },
+      "arguments.rows",
+    ],
+  ]
+  for (const [name, body, field] of refusals) {
+    it(`${name} → 400 naming ${field}`, async () => {
+      expectRefused(await post(body), 400, "invalid_request", field)
+    })
+  }
+
+  it("an unknown kind names the kinds", async () => {
+    const answer = await post({ kind: "dance", arguments: {} })
+    expect(answer.body.error).toBe(
+      "kind: must be one of bash, read, write, edit, list, put, get, finish, terminal",
+    )
+  })
+
+  it("arguments of exactly 128 KiB of JSON are taken; one byte more is refused naming arguments", async () => {
+    const at = writeOf(131_072)
+    expect(Buffer.byteLength(JSON.stringify(at))).toBe(131_072)
+    const taken = await send("write", at)
+    expect(taken).toMatchObject({ kind: "write", state: "queued", arguments: at })
+    const over = writeOf(131_073)
+    expectRefused(await post({ kind: "write", arguments: over }), 400, "invalid_request", "arguments")
+    expect((await post({ kind: "write", arguments: over })).body.error).toBe(
+      "arguments: at most 131072 bytes of JSON",
+    )
+  })
+
+  it("the limit counts UTF-8 bytes, not characters", async () => {
+    // 43,690 × "€" is 131,070 bytes of content but 43,690 characters.
+    const base = JSON.stringify({ file_path: "a.txt", content: "" }).length
+    const content = "€".repeat(Math.floor((131_073 - base) / 3) + 1)
+    expectRefused(
+      await post({ kind: "write", arguments: { file_path: "a.txt", content } }),
+      400,
+      "invalid_request",
+      "arguments",
+    )
+  })
+})
+
+describe("the record", () => {
+  it("201: cmd_ id, queued, source caller, increasing sequence, arguments with defaults", async () => {
+    const first = await send("bash", { command: "echo one" })
+    const second = await send("list", { path: "." })
+    expect(first).toMatchObject({
+      run,
+      kind: "bash",
+      state: "queued",
+      source: "caller",
+      arguments: { command: "echo one", timeout_ms: 300_000 },
+    })
+    expect(first.id).toMatch(/^cmd_[0-9a-z]{26}$/)
+    expect(second.sequence).toBe(first.sequence + 1)
+    expect(expectStatus(await get(`/v1/runs/${run}/commands/${first.id}`), 200, "GET")).toEqual(first)
+  })
+})
+
+describe("who may reach a run's commands", () => {
+  let cid: string
+  beforeAll(async () => {
+    cid = (await send("bash", { command: "true" })).id
+  })
+
+  const routes = (r: string, c: string) =>
+    [
+      ["POST", `/v1/runs/${r}/commands`, { kind: "bash", arguments: { command: "true" } }],
+      ["GET", `/v1/runs/${r}/commands/${c}`, undefined],
+      ["GET", `/v1/runs/${r}/commands`, undefined],
+      ["GET", `/v1/runs/${r}/commands/${c}/output`, undefined],
+      ["POST", `/v1/runs/${r}/commands/${c}/cancel`, undefined],
+    ] as const
+
+  it("another account's key: 404 on every route", async () => {
+    for (const [method, path, body] of routes(run, cid))
+      expectRefused(await call(stack, method, path, b.admin, body), 404, "not_found")
+  })
+
+  it("a run key of another function: 403 key_scope on every route", async () => {
+    for (const [method, path, body] of routes(run, cid))
+      expectRefused(await call(stack, method, path, runKeyOther, body), 403, "key_scope")
+  })
+
+  it("a run key of the run's function and the owner get through", async () => {
+    expect((await get(`/v1/runs/${run}/commands/${cid}`, runKeyThis)).status).toBe(200)
+    expect((await get(`/v1/runs/${run}/commands`, a.owner)).status).toBe(200)
+    expect((await post({ kind: "bash", arguments: { command: "true" } }, run, runKeyThis)).status).toBe(201)
+  })
+
+  it("an unknown run, a malformed run id, an unknown command and another run's command: 404", async () => {
+    const unknownRun = "run_00000000000000000000000000"
+    expectRefused(await post({ kind: "bash", arguments: { command: "true" } }, unknownRun), 404, "not_found")
+    expectRefused(await get(`/v1/runs/${unknownRun}/commands`), 404, "not_found")
+    expectRefused(await get("/v1/runs/run.x*/commands"), 404, "not_found")
+    expectRefused(await get(`/v1/runs/${run}/commands/cmd_00000000000000000000000000`), 404, "not_found")
+    expectRefused(await get(`/v1/runs/${run}/commands/cmd.*`), 404, "not_found")
+    const other = await send("bash", { command: "true" }, otherRun)
+    expectRefused(await get(`/v1/runs/${run}/commands/${other.id}`), 404, "not_found")
+    expectRefused(await get(`/v1/runs/${run}/commands/${other.id}/output`), 404, "not_found")
+    expectRefused(await cancel(run, other.id), 404, "not_found")
+  })
+})
+
+describe("query parameters", () => {
+  let ended: Json // a cancelled command: waits on it answer at once
+  beforeAll(async () => {
+    const sent = await send("bash", { command: "sleep 1" })
+    ended = expectStatus(await cancel(run, sent.id), 200, "cancel")
+  })
+
+  const badWaits = ["26", "-1", "1.5", "abc", "", "0x10", "1e1", " 5"]
+  for (const w of badWaits) {
+    it(`wait=${JSON.stringify(w)} → 400 naming wait on every waiting route`, async () => {
+      const q = `wait=${encodeURIComponent(w)}`
+      expectRefused(await get(`/v1/runs/${run}/commands/${ended.id}?${q}`), 400, "invalid_request", "wait")
+      expectRefused(await get(`/v1/runs/${run}/commands?${q}`), 400, "invalid_request", "wait")
+      expectRefused(
+        await get(`/v1/runs/${run}/commands/${ended.id}/output?${q}`),
+        400,
+        "invalid_request",
+        "wait",
+      )
+    })
+  }
+
+  it("wait=25 and wait=0 are taken", async () => {
+    for (const w of ["0", "25"]) {
+      expect(expectStatus(await get(`/v1/runs/${run}/commands/${ended.id}?wait=${w}`), 200, "GET")).toEqual(
+        ended,
+      )
+      expect((await get(`/v1/runs/${run}/commands/${ended.id}/output?wait=${w}`)).body.done).toBe(true)
+    }
+    // A list read with something new answers at once, whatever the wait.
+    expect((await get(`/v1/runs/${run}/commands?since=0&wait=25`)).status).toBe(200)
+  })
+
+  for (const [name, value] of [
+    ["since", "-1"],
+    ["since", "x"],
+    ["since", "1.5"],
+    ["since", "9007199254740993"],
+    ["after", "-1"],
+    ["after", "y"],
+  ] as const) {
+    it(`${name}=${value} → 400 naming ${name}`, async () => {
+      const path =
+        name === "since"
+          ? `/v1/runs/${run}/commands?since=${value}`
+          : `/v1/runs/${run}/commands/${ended.id}/output?after=${value}`
+      expectRefused(await get(path), 400, "invalid_request", name)
+    })
+  }
+
+  it("other query parameters are ignored", async () => {
+    expect((await get(`/v1/runs/${run}/commands/${ended.id}?cachebust=1`)).status).toBe(200)
+  })
+
+  it("validation comes after authentication", async () => {
+    expectRefused(await call(stack, "GET", `/v1/runs/${run}/commands?wait=99`, {}), 401, "unauthenticated")
+  })
+})
+
+describe("waiting for one command", () => {
+  it("wait answers the queued record when nothing happens in time", async () => {
+    const sent = await send("bash", { command: "true" })
+    expect(expectStatus(await get(`/v1/runs/${run}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(sent)
+  })
+
+  it("a waiting read answers as soon as the command ends (cancelled by another request)", async () => {
+    const sent = await send("bash", { command: "true" })
+    const waiting = get(`/v1/runs/${run}/commands/${sent.id}?wait=25`)
+    const cancelled = expectStatus(await cancel(run, sent.id), 200, "cancel")
+    expect(cancelled).toMatchObject({ id: sent.id, state: "cancelled" })
+    expect(cancelled.ended_at).toBeDefined()
+    expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
+  })
+
+  it("cancelling an ended command changes nothing", async () => {
+    const sent = await send("read", { file_path: "x" })
+    const first = expectStatus(await cancel(run, sent.id), 200, "cancel")
+    expect(expectStatus(await cancel(run, sent.id), 200, "cancel again")).toEqual(first)
+  })
+
+  it("a client that goes away ends its wait", async () => {
+    const sent = await send("bash", { command: "true" })
+    const requestId = `abort-${sent.id}`
+    const abort = new AbortController()
+    const pending = fetch(`${stack.url}/v1/runs/${run}/commands/${sent.id}?wait=25`, {
+      headers: { ...a.admin, "x-request-id": requestId },
+      signal: abort.signal,
+    }).catch((e: unknown) => e)
+    // Give the gateway the request, then leave.
+    await new Promise((r) => setTimeout(r, 300))
+    abort.abort()
+    await pending
+    // The access line is written when the handler's fiber ends: well before the 25 s wait would
+    // have, and marked as a client that left.
+    await expect
+      .poll(
+        () =>
+          stack.lines.some(
+            (l) => l.role === "gateway" && l.line.includes(requestId) && l.line.includes('"aborted":true'),
+          ),
+        { timeout: 15_000, interval: 100 },
+      )
+      .toBe(true)
+  })
+})
+
+describe("the list: commands changed after N", () => {
+  let listRun: string
+  beforeAll(async () => {
+    listRun = (await startRun(stack, a, fn.function)).id
+  })
+  const list = async (query: string) =>
+    expectStatus(await get(`/v1/runs/${listRun}/commands?${query}`), 200, `GET list ${query}`)
+
+  it("returns changes in change order with the run's state and the sequence to send next", async () => {
+    const empty = await list("")
+    expect(empty).toEqual({ commands: [], state: "queued", sequence: 0 })
+    const one = await send("bash", { command: "echo 1" }, listRun)
+    const two = await send("write", { file_path: "a", content: "b" }, listRun)
+    const all = await list("since=0")
+    expect(all.commands).toEqual([one, two])
+    expect(all.state).toBe("queued")
+    const next = await list(`since=${all.sequence}`)
+    expect(next).toEqual({ commands: [], state: "queued", sequence: all.sequence })
+    // A change brings a command back, at its latest, after the others.
+    const cancelled = expectStatus(await cancel(listRun, one.id), 200, "cancel")
+    const changed = await list(`since=${all.sequence}`)
+    expect(changed.commands).toEqual([cancelled])
+    expect(changed.sequence).toBeGreaterThan(all.sequence)
+    expect((await list("since=0")).commands).toEqual([two, cancelled])
+    // Since a point between the two: only what changed after it.
+    const firstOnly = await list(`since=${all.sequence - 1}`)
+    expect(firstOnly.commands).toEqual([two, cancelled])
+  })
+
+  it("with wait and nothing new, answers at the next change", async () => {
+    const now = await list("since=0")
+    const waiting = list(`since=${now.sequence}&wait=25`)
+    const sent = await send("bash", { command: "echo later" }, listRun)
+    const woke = await waiting
+    expect(woke.commands).toEqual([sent])
+    expect(woke.sequence).toBeGreaterThan(now.sequence)
+  })
+
+  it("with wait and nothing happening, answers empty at the end of the wait", async () => {
+    const now = await list("since=0")
+    expect(await list(`since=${now.sequence}&wait=1`)).toEqual({
+      commands: [],
+      state: "queued",
+      sequence: now.sequence,
+    })
+  })
+
+  it("one read holds about the size limit (at least one command); the rest come from its sequence", async () => {
+    const pageRun = (await startRun(stack, a, fn.function)).id
+    const big = Array.from({ length: 3 }, () => writeOf(40 * 1024))
+    const sent: Array<Json> = []
+    for (const args of big) sent.push(await send("write", args, pageRun))
+    const small = await send("list", { path: "." }, pageRun)
+    const seen: Array<Json> = []
+    let since = 0
+    let reads = 0
+    for (;;) {
+      const page = expectStatus(await get(`/v1/runs/${pageRun}/commands?since=${since}`), 200, "page")
+      if (page.commands.length === 0) break
+      expect(Buffer.byteLength(JSON.stringify(page.commands))).toBeLessThanOrEqual(LIST_MAX_BYTES + 1024)
+      seen.push(...page.commands)
+      since = page.sequence
+      reads += 1
+    }
+    expect(seen).toEqual([...sent, small])
+    // 40 KiB each in 64 KiB reads: one big command per read, the small one with the last.
+    expect(reads).toBe(3)
+  })
+})
+
+describe("output", () => {
+  it("a queued bash command has no output yet; wait answers empty, not done", async () => {
+    const sent = await send("bash", { command: "echo hi" })
+    expect(
+      expectStatus(await get(`/v1/runs/${run}/commands/${sent.id}/output?wait=1`), 200, "output"),
+    ).toEqual({
+      output: "",
+      next: 0,
+      output_bytes: 0,
+      stored_bytes: 0,
+      done: false,
+    })
+  })
+
+  it("a waiting read of a command that never ran answers done once it is cancelled", async () => {
+    const sent = await send("bash", { command: "echo hi" })
+    const waiting = get(`/v1/runs/${run}/commands/${sent.id}/output?after=0&wait=25`)
+    expectStatus(await cancel(run, sent.id), 200, "cancel")
+    expect(expectStatus(await waiting, 200, "output")).toEqual({
+      output: "",
+      next: 0,
+      output_bytes: 0,
+      stored_bytes: 0,
+      done: true,
+    })
+  })
+
+  it("a command other than bash has no output: empty, done once ended", async () => {
+    const sent = await send("write", { file_path: "a", content: "b" })
+    const path = `/v1/runs/${run}/commands/${sent.id}/output`
+    expect((await get(path)).body).toEqual({
+      output: "",
+      next: 0,
+      output_bytes: 0,
+      stored_bytes: 0,
+      done: false,
+    })
+    const waiting = get(`${path}?after=5&wait=25`)
+    expectStatus(await cancel(run, sent.id), 200, "cancel")
+    expect((await waiting).body).toEqual({
+      output: "",
+      next: 5,
+      output_bytes: 0,
+      stored_bytes: 0,
+      done: true,
+    })
+  })
+})
