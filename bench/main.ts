@@ -17,6 +17,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["uploads", "uploads.ts", ["1024"]],
   ["actors", "actors.ts", []],
   ["machines", "machines.ts", ["10", "200"]],
+  ["runs", "runs.ts", ["50", "200"]],
   ["output-pack", "output-pack.ts", ["128"]],
   ["qemu", "qemu.ts", ["1", "20", "auto"]],
 ]

@@ -1,0 +1,668 @@
+/**
+ * The whole service in the test process, for end-to-end tests through HTTP: one real nats-server,
+ * storage under a unique prefix, and the four roles exactly as `npm start` composes them
+ * (`deploy/Local.ts` `roles`: gateway with every route, actor worker, host agent; relay left out),
+ * each built from its own `layer` in its own scope with its own NATS connection, so a test can
+ * stop and restart the gateway alone or kill the actor worker and start another.
+ *
+ * Decisions:
+ *
+ * - Settings reach the roles the way they reach a deployed process: as `HANGAR_*` variables. The
+ *   roles read them with effect's `Config`, so the stack builds each role under its own
+ *   `ConfigProvider` (these variables first, then the real environment) instead of touching
+ *   `process.env`; several stacks can live in one process. Every file the roles would keep in the
+ *   data folder (issuer, master and link keys) goes to the stack's temporary folder.
+ * - The gateway listens on a port picked once, so a restarted gateway answers on the same URL
+ *   (and the links it signed stay valid).
+ * - "Killing" the actor worker closes its NATS connection at once (no drain, no lease release,
+ *   nothing acknowledged), then closes its scope; its partitions move when the leases expire, as
+ *   they would after `kill -9`. The stack uses short actor leases for that reason.
+ * - The host agent gets a unique host id and a small budget (2 vCPUs by default: room for two size
+ *   `s` runs), and the slim test base (`ensureTestBase`).
+ * - Test helpers (accounts with credit, owner tokens, admin keys, functions, uploads, runs,
+ *   commands) go through the same paths as the operator commands and the HTTP API; nothing is
+ *   written around them.
+ */
+import { createHash, randomBytes } from "node:crypto"
+import { appendFileSync } from "node:fs"
+import { mkdtemp, rm } from "node:fs/promises"
+import http from "node:http"
+import net from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { gzipSync } from "node:zlib"
+import {
+  ConfigProvider,
+  Context,
+  Duration,
+  Effect,
+  Exit,
+  Layer,
+  Logger,
+  LogLevel,
+  Option,
+  Scope,
+} from "effect"
+import * as AccountClient from "../../actors/account/Client.ts"
+import * as Actors from "../../actors/main.ts"
+import * as Accounts from "../../core/Accounts.ts"
+import * as Connected from "../../core/Connected.ts"
+import * as Log from "../../core/Log.ts"
+import * as Nats from "../../core/Nats.ts"
+import type { Storage } from "../../core/Storage.ts"
+import { personToken } from "../../gateway/auth/testing.ts"
+import * as Gateway from "../../gateway/main.ts"
+import { type Base, ensureTestBase } from "../../host-agent/bases/Bases.ts"
+import * as NamespaceDriver from "../../host-agent/machines/namespace/NamespaceDriver.ts"
+import { leftovers } from "../../host-agent/machines/namespace/testing.ts"
+import * as HostAgent from "../../host-agent/main.ts"
+import { derivedId } from "../../host-agent/registry/HostSettings.ts"
+import { startNatsServer } from "./NatsServer.ts"
+import { uniquePrefix } from "./names.ts"
+
+// biome-ignore lint/suspicious/noExplicitAny: response bodies are inspected loosely
+export type Json = any
+
+/** Short settings for the parts of issue 7; each becomes its `HANGAR_*` variable (see `settingNames`). */
+export interface StackOptions {
+  /** vCPUs the host agent may give machines (`HANGAR_HOST_VCPUS`); default 2 (two size `s` runs). */
+  readonly hostVcpus?: number
+  /** Memory the host agent may give machines (`HANGAR_HOST_MEMORY_MIB`); default 8192. */
+  readonly hostMemoryMib?: number
+  /** Start no host agent (runs stay queued). */
+  readonly noHost?: boolean
+  /** The length of a billed minute (and of `timeout_minutes` minutes). */
+  readonly minuteMs?: number
+  /** How long a run may stay queued before it fails `infrastructure`. */
+  readonly queueTimeoutMs?: number
+  /** The scheduler's tick. */
+  readonly tickMs?: number
+  /** How often a running run's log part is written. */
+  readonly logFlushMs?: number
+  /** Webhook attempt delays (first is normally 0). */
+  readonly webhookDelaysMs?: ReadonlyArray<number>
+  /** Allow webhook deliveries to private/loopback addresses (never set in production). */
+  readonly webhookAllowPrivate?: boolean
+  /** A PEM file of extra CAs the webhook sender trusts (a self-signed test receiver). */
+  readonly webhookCaFile?: string
+  /** Any other `HANGAR_*` variable, by name without the prefix. */
+  readonly settings?: Readonly<Record<string, string | number | boolean>>
+}
+
+/**
+ * The variable of each named option. The parts of issue 7 declare these settings
+ * (`defineSettings` in their own files); when one is renamed there, only this table changes.
+ */
+export const settingNames = {
+  minuteMs: "RUN_MINUTE_MS",
+  queueTimeoutMs: "RUN_QUEUE_TIMEOUT_MS",
+  tickMs: "SCHEDULER_TICK_MS",
+  logFlushMs: "RUN_LOG_FLUSH_MS",
+  webhookDelaysMs: "WEBHOOK_ATTEMPT_DELAYS_MS",
+  webhookAllowPrivate: "WEBHOOK_ALLOW_PRIVATE",
+  webhookCaFile: "WEBHOOK_CA_FILE",
+} as const
+
+/** A role the stack runs. */
+export type Role = "gateway" | "actors" | "host"
+
+/** One log line of the stack, with the role that wrote it. */
+export interface StackLine {
+  readonly role: Role | "client"
+  readonly line: string
+}
+
+/** Headers for calling the API as someone. */
+export type Headers = Record<string, string>
+
+/** An account made for a test: its owner (a person token) and an admin key. */
+export interface TestAccount {
+  readonly id: string
+  readonly ownerEmail: string
+  /** The owner's headers (token + `service-account`). */
+  readonly owner: Headers
+  /** An admin key of the account. */
+  readonly admin: Headers
+}
+
+/** The running stack. */
+export interface Stack {
+  /** The gateway's base URL (the same across gateway restarts). */
+  readonly url: string
+  readonly natsUrl: string
+  readonly prefix: string
+  readonly dir: string
+  readonly hostId: string
+  readonly base: Base
+  /** The `HANGAR_*` variables every role was built with. */
+  readonly env: Readonly<Record<string, string>>
+  /** Every log line of every role so far. */
+  readonly lines: Array<StackLine>
+  /** Runs an effect with the stack's client services: NATS, storage, the account store, a mailbox. */
+  readonly run: <A, E>(fx: Effect.Effect<A, E, StackClient>) => Promise<A>
+  readonly stopGateway: () => Promise<void>
+  readonly startGateway: () => Promise<void>
+  /** Stops the worker the way `kill -9` would (no drain, leases left to expire). */
+  readonly killActors: () => Promise<void>
+  /** Stops the worker gracefully. */
+  readonly stopActors: () => Promise<void>
+  readonly startActors: () => Promise<void>
+  readonly stopHost: () => Promise<void>
+  readonly startHost: () => Promise<void>
+  /** Which roles are running now. */
+  readonly running: () => ReadonlyArray<Role>
+  /** Runs the stack started (their machines are checked for leftovers at `close`). */
+  readonly runs: Set<string>
+  /**
+   * Stops every role and the server and removes the temporary folder; answers what the stack's
+   * machines left behind on the host (should be empty).
+   */
+  readonly close: () => Promise<ReadonlyArray<string>>
+}
+
+/** What `stack.run` provides. */
+export type StackClient =
+  | Nats.Nats
+  | Storage
+  | Accounts.Accounts
+  | Layer.Layer.Success<typeof AccountClient.mailboxLayer>
+
+interface Piece {
+  readonly scope: Scope.CloseableScope
+  readonly context: Context.Context<never>
+}
+
+const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const server = net.createServer()
+    server.once("error", reject)
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address()
+      const port = typeof address === "object" && address !== null ? address.port : 0
+      server.close(() => resolve(port))
+    })
+  })
+
+const closeScope = (scope: Scope.CloseableScope) =>
+  Effect.runPromise(Scope.close(scope, Exit.void).pipe(Effect.timeout(Duration.seconds(30)), Effect.ignore))
+
+/** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
+export const startStack = async (options: StackOptions = {}): Promise<Stack> => {
+  const base = await ensureTestBase()
+  const nats = await startNatsServer()
+  const dir = await mkdtemp(join(tmpdir(), "hangar-stack-"))
+  const prefix = uniquePrefix()
+  const port = await freePort()
+  const hostId = derivedId(randomBytes(16).toString("hex"), dir)
+  const env: Record<string, string> = {
+    NATS_URL: nats.url,
+    STORAGE_PREFIX: prefix,
+    HTTP_ADDR: `127.0.0.1:${port}`,
+    PUBLIC_URL: `http://127.0.0.1:${port}`,
+    RATE_LIMIT_PER_SECOND: "1000000",
+    RATE_LIMIT_BURST: "1000000",
+    OIDC_KEY_FILE: join(dir, "issuer.key"),
+    MASTER_KEY_FILE: join(dir, "master.key"),
+    UPLOAD_LINK_KEY_FILE: join(dir, "upload-link.key"),
+    // Quick lease expiry so a killed worker's partitions move within seconds.
+    ACTOR_LEASE_MS: "1500",
+    ACTOR_RENEW_MS: "300",
+    ACTOR_RETRY_BASE_MS: "50",
+    ACTOR_RETRY_MAX_MS: "500",
+    ACTOR_ACK_WAIT_MS: "5000",
+    HOST_ID: hostId,
+    HOST_VCPUS: String(options.hostVcpus ?? 2),
+    HOST_MEMORY_MIB: String(options.hostMemoryMib ?? 8192),
+    HOST_HEARTBEAT_MS: "1000",
+  }
+  for (const [name, variable] of Object.entries(settingNames)) {
+    const value = options[name as keyof typeof settingNames]
+    if (value !== undefined) env[variable] = Array.isArray(value) ? value.join(",") : String(value)
+  }
+  for (const [name, value] of Object.entries(options.settings ?? {})) env[name] = String(value)
+
+  const provider = ConfigProvider.fromMap(
+    new Map(Object.entries(env).map(([k, v]) => [`HANGAR_${k}`, v])),
+  ).pipe(ConfigProvider.orElse(() => ConfigProvider.fromEnv()))
+  const lines: Array<StackLine> = []
+  // `HANGAR_TEST_STACK_LOG=<file>`: every line also goes to that file as it is written (debugging).
+  const logFile = process.env.HANGAR_TEST_STACK_LOG || undefined
+  const loggerOf = (role: StackLine["role"]) =>
+    Layer.merge(
+      Logger.replace(
+        Logger.defaultLogger,
+        Log.jsonLogger((line) => {
+          lines.push({ role, line })
+          if (logFile !== undefined) appendFileSync(logFile, `${role} ${line}\n`)
+        }),
+      ),
+      Logger.minimumLogLevel(LogLevel.Info),
+    )
+
+  const build = async <A>(role: StackLine["role"], layer: Layer.Layer<A, unknown, never>): Promise<Piece> => {
+    const scope = Effect.runSync(Scope.make())
+    const exit = await Effect.runPromiseExit(
+      Layer.buildWithScope(layer, scope).pipe(
+        Effect.withConfigProvider(provider),
+        Effect.provide(loggerOf(role)),
+      ),
+    )
+    if (Exit.isFailure(exit)) {
+      await closeScope(scope)
+      throw new Error(`${role} did not start: ${String(exit.cause)}`)
+    }
+    return { scope, context: exit.value as Context.Context<never> }
+  }
+  const onNats = <A, E>(layer: Layer.Layer<A, E, Nats.Nats | Storage>) =>
+    layer.pipe(Layer.provideMerge(Connected.layerUrl(nats.url))) as Layer.Layer<unknown, unknown, never>
+
+  const roleLayers: Record<Role, Layer.Layer<unknown, unknown, never>> = {
+    actors: onNats(Actors.layer),
+    host: onNats(HostAgent.layer),
+    gateway: onNats(Gateway.layer),
+  }
+  const pieces = new Map<Role, Piece>()
+  const start = async (role: Role) => {
+    if (pieces.has(role)) return
+    pieces.set(role, await build(role, roleLayers[role]))
+  }
+  const stop = async (role: Role) => {
+    const piece = pieces.get(role)
+    if (piece === undefined) return
+    pieces.delete(role)
+    await closeScope(piece.scope)
+  }
+  const kill = async (role: Role) => {
+    const piece = pieces.get(role)
+    if (piece === undefined) return
+    pieces.delete(role)
+    const { connection } = Context.get(piece.context as Context.Context<Nats.Nats>, Nats.Nats)
+    await connection.close().catch(() => {})
+    await closeScope(piece.scope)
+  }
+
+  const clientLayer = Layer.mergeAll(Accounts.layer, AccountClient.mailboxLayer).pipe(
+    Layer.provideMerge(Connected.layerUrl(nats.url)),
+  ) as Layer.Layer<StackClient, unknown, never>
+  const client = await build("client", clientLayer)
+  const runs = new Set<string>()
+
+  const closeAll = async () => {
+    for (const role of ["gateway", "host", "actors"] as const) await stop(role)
+    await closeScope(client.scope)
+    await nats.stop()
+    await rm(dir, { recursive: true, force: true })
+  }
+
+  try {
+    await start("actors")
+    if (!options.noHost) await start("host")
+    await start("gateway")
+  } catch (e) {
+    await closeAll()
+    throw e
+  }
+
+  return {
+    url: `http://127.0.0.1:${port}`,
+    natsUrl: nats.url,
+    prefix,
+    dir,
+    hostId,
+    base,
+    env,
+    lines,
+    run: (fx) =>
+      Effect.runPromise(
+        fx.pipe(
+          Effect.provide(client.context as Context.Context<StackClient>),
+          Effect.withConfigProvider(provider),
+          Effect.provide(loggerOf("client")),
+        ) as Effect.Effect<never>,
+      ),
+    stopGateway: () => stop("gateway"),
+    startGateway: () => start("gateway"),
+    killActors: () => kill("actors"),
+    stopActors: () => stop("actors"),
+    startActors: () => start("actors"),
+    stopHost: () => stop("host"),
+    startHost: () => start("host"),
+    running: () => [...pieces.keys()],
+    runs,
+    close: async () => {
+      await closeAll()
+      // What the host agent left is reported, then removed anyway so a failing test leaks nothing.
+      const found: Array<string> = []
+      const driver = NamespaceDriver.make(NamespaceDriver.NamespaceDriverSettings.defaults)
+      for (const run of runs) {
+        const left = await leftovers(machineIdOf(run))
+        if (left.length === 0) continue
+        found.push(...left)
+        await Effect.runPromise(Effect.ignore(driver.destroy(machineIdOf(run))))
+      }
+      return found
+    },
+  }
+}
+
+/** The machine id the host agent gives a run's machine: the run id (`host-agent/runs/RunMachine.ts`). */
+export const machineIdOf = (run: string): string => run
+
+// ---------------------------------------------------------------------------------------------
+// HTTP helpers
+
+/** One API answer: status, parsed body (undefined when empty or not JSON), raw text and headers. */
+export interface Answer {
+  readonly status: number
+  readonly body: Json
+  readonly text: string
+  readonly headers: http.IncomingHttpHeaders
+}
+
+/** A raw HTTP answer. */
+export interface RawAnswer {
+  readonly status: number
+  readonly headers: http.IncomingHttpHeaders
+  readonly data: Buffer
+}
+
+/**
+ * One HTTP request on a connection of its own (no keep-alive): a stopped gateway leaves no pooled
+ * connection behind for the next request to land on, and a test sees a restart as a client would.
+ */
+export const request = (
+  url: string,
+  options: { readonly method?: string; readonly headers?: Headers; readonly body?: Uint8Array | string } = {},
+): Promise<RawAnswer> =>
+  new Promise((resolve, reject) => {
+    const req = http.request(
+      url,
+      { method: options.method ?? "GET", headers: options.headers, agent: false },
+      (res) => {
+        const chunks: Array<Buffer> = []
+        res.on("data", (c: Buffer) => chunks.push(c))
+        res.on("end", () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, data: Buffer.concat(chunks) }),
+        )
+        res.on("error", reject)
+      },
+    )
+    req.on("error", reject)
+    req.end(options.body)
+  })
+
+/** Calls the stack's API. */
+export const call = async (
+  stack: Pick<Stack, "url">,
+  method: string,
+  path: string,
+  headers: Headers,
+  body?: unknown,
+): Promise<Answer> => {
+  const res = await request(`${stack.url}${path}`, {
+    method,
+    headers: { ...headers, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  })
+  const text = res.data.toString("utf8")
+  let parsed: Json
+  try {
+    parsed = text === "" ? undefined : JSON.parse(text)
+  } catch {
+    parsed = undefined
+  }
+  return { status: res.status, body: parsed, text, headers: res.headers }
+}
+
+/** Throws with the answer when the status is not the expected one. */
+export const expectStatus = (answer: Answer, status: number, what: string): Json => {
+  if (answer.status !== status)
+    throw new Error(`${what}: expected ${status}, got ${answer.status} ${answer.text}`)
+  return answer.body
+}
+
+const usdNanos = (usd: number) => Math.round(usd * 1e9)
+
+/**
+ * A new account as `hangar admin create-account` makes it, credited `creditUsd` dollars as
+ * `hangar admin credit` does (through the account actor), with its owner's token and an admin key
+ * made through `POST /v1/keys`. `memoryMib` raises the account's memory limit (many queued runs).
+ */
+export const createAccount = async (
+  stack: Stack,
+  options: { readonly name?: string; readonly creditUsd?: number; readonly memoryMib?: number } = {},
+): Promise<TestAccount> => {
+  const ownerEmail = `owner-${randomBytes(4).toString("hex")}@example.com`
+  const { account } = await stack.run(
+    Effect.flatMap(Accounts.Accounts, (a) => a.createAccount(options.name ?? "acme", ownerEmail)),
+  )
+  if (options.memoryMib !== undefined) await setLimits(stack, account.id, options.memoryMib)
+  if ((options.creditUsd ?? 100) !== 0) await credit(stack, account.id, options.creditUsd ?? 100)
+  const token = await personToken(stack.env.OIDC_KEY_FILE!, ownerEmail)
+  const owner = { authorization: `Bearer ${token}`, "service-account": account.id }
+  const key = expectStatus(
+    await call(stack, "POST", "/v1/keys", owner, { name: "admin", scope: "admin" }),
+    201,
+    "POST /v1/keys",
+  )
+  return { id: account.id, ownerEmail, owner, admin: { authorization: `Bearer ${key.token}` } }
+}
+
+/** Credits (or debits, when negative) the account through its actor, as `hangar admin credit`. */
+export const credit = (stack: Stack, account: string, usd: number) =>
+  stack.run(AccountClient.adjust(account, "adjustment", usdNanos(usd), { timeout: "20 seconds" }))
+
+/** The account's balance as its actor stored it. */
+export const balance = (stack: Stack, account: string) => stack.run(AccountClient.balance(account))
+
+/** Suspends or reactivates the account, as `hangar admin suspend` / `reactivate` do. */
+export const setAccountState = (stack: Stack, account: string, state: "active" | "suspended") =>
+  stack.run(Effect.flatMap(Accounts.Accounts, (a) => a.setState(account, state)))
+
+/** Sets the account's memory limit (a fixture: no route changes limits). */
+export const setLimits = (stack: Stack, account: string, memoryMib: number) =>
+  stack.run(
+    Effect.gen(function* () {
+      const { views } = yield* Accounts.Accounts
+      const entry = yield* views.accounts.get(account)
+      if (Option.isNone(entry)) return yield* Effect.dieMessage(`no account ${account}`)
+      const record = entry.value.value
+      yield* views.accounts.put(account, { ...record, limits: { ...record.limits, memory_mib: memoryMib } })
+    }),
+  )
+
+/** Publishes a function with `provider: "none"` on the test base, size `s` (overridable). */
+export const publish = async (
+  stack: Stack,
+  account: TestAccount,
+  definition: Record<string, unknown> = {},
+): Promise<Json> =>
+  expectStatus(
+    await call(stack, "POST", "/v1/functions", account.admin, {
+      name: "fn",
+      system_prompt: "Do the task.",
+      provider: "none",
+      base: stack.base.name,
+      size: "s",
+      output_manifest: [{ path: "result.txt" }],
+      ...definition,
+    }),
+    201,
+    "POST /v1/functions",
+  )
+
+/** Uploads `data` (POST /v1/files, then the signed PUT); answers the upload id. */
+export const upload = async (stack: Stack, account: TestAccount, data: Uint8Array): Promise<string> => {
+  const made = expectStatus(
+    await call(stack, "POST", "/v1/files", account.admin, {
+      bytes: data.byteLength,
+      sha256: createHash("sha256").update(data).digest("hex"),
+    }),
+    201,
+    "POST /v1/files",
+  )
+  const res = await request(made.url, {
+    method: made.method ?? "PUT",
+    headers: made.headers ?? { "content-type": "application/octet-stream" },
+    body: data,
+  })
+  if (res.status < 200 || res.status > 299)
+    throw new Error(`PUT upload: ${res.status} ${res.data.toString()}`)
+  return made.id as string
+}
+
+/** Starts a run (POST /v1/functions/{id}/runs); answers the raw answer (refusals are tested too). */
+export const startRunAnswer = async (
+  stack: Stack,
+  account: TestAccount,
+  fn: string,
+  body: Record<string, unknown> = {},
+  headers: Headers = account.admin,
+): Promise<Answer> => {
+  const answer = await call(stack, "POST", `/v1/functions/${fn}/runs`, headers, { prompt: "go", ...body })
+  if (answer.status === 201 && typeof answer.body?.id === "string") stack.runs.add(answer.body.id)
+  return answer
+}
+
+/** Starts a run and answers it (201 expected). */
+export const startRun = async (
+  stack: Stack,
+  account: TestAccount,
+  fn: string,
+  body: Record<string, unknown> = {},
+): Promise<Json> => expectStatus(await startRunAnswer(stack, account, fn, body), 201, "POST runs")
+
+/** GET /v1/runs/{id}. */
+export const getRun = async (stack: Stack, account: TestAccount, run: string): Promise<Json> =>
+  expectStatus(await call(stack, "GET", `/v1/runs/${run}`, account.admin), 200, `GET /v1/runs/${run}`)
+
+const pause = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+/**
+ * Reads the run until `until` holds (default: ended), at most `timeoutMs`; GET errors while a
+ * gateway restarts are retried. Throws with the last answer when it never holds.
+ */
+export const waitRun = async (
+  stack: Stack,
+  account: TestAccount,
+  run: string,
+  options: { readonly until?: (run: Json) => boolean; readonly timeoutMs?: number } = {},
+): Promise<Json> => {
+  const until = options.until ?? ((r: Json) => r.state === "succeeded" || r.state === "failed")
+  const deadline = Date.now() + (options.timeoutMs ?? 120_000)
+  let last: string = "no answer"
+  while (Date.now() < deadline) {
+    const answer = await call(stack, "GET", `/v1/runs/${run}`, account.admin).catch((e: unknown) => ({
+      status: 0,
+      body: undefined,
+      text: String(e),
+    }))
+    if (answer.status === 200 && until(answer.body)) return answer.body
+    last = `${answer.status} ${answer.text}`
+    await pause(200)
+  }
+  throw new Error(
+    `run ${run} did not reach the awaited state within ${options.timeoutMs ?? 120_000} ms: ${last}`,
+  )
+}
+
+/** Sends a command (POST /v1/runs/{id}/commands); answers the raw answer. */
+export const sendCommandAnswer = (
+  stack: Stack,
+  account: TestAccount,
+  run: string,
+  kind: string,
+  args: Record<string, unknown>,
+  headers: Headers = account.admin,
+): Promise<Answer> => call(stack, "POST", `/v1/runs/${run}/commands`, headers, { kind, arguments: args })
+
+/** Waits for a command to end (GET …/commands/{cid}?wait=25, repeated up to `timeoutMs`). */
+export const waitCommand = async (
+  stack: Stack,
+  account: TestAccount,
+  run: string,
+  command: string,
+  timeoutMs = 120_000,
+): Promise<Json> => {
+  const deadline = Date.now() + timeoutMs
+  let last = "no answer"
+  while (Date.now() < deadline) {
+    const answer = await call(
+      stack,
+      "GET",
+      `/v1/runs/${run}/commands/${command}?wait=25`,
+      account.admin,
+    ).catch((e: unknown) => ({ status: 0, body: undefined, text: String(e) }))
+    if (answer.status === 200 && ["succeeded", "failed", "cancelled"].includes(answer.body.state))
+      return answer.body
+    last = `${answer.status} ${answer.text}`
+    if (answer.status !== 200) await pause(200)
+  }
+  throw new Error(`command ${command} of ${run} did not end within ${timeoutMs} ms: ${last}`)
+}
+
+/** Sends a command and waits for its end; answers the ended record. */
+export const command = async (
+  stack: Stack,
+  account: TestAccount,
+  run: string,
+  kind: string,
+  args: Record<string, unknown>,
+  timeoutMs?: number,
+): Promise<Json> => {
+  const sent = expectStatus(
+    await sendCommandAnswer(stack, account, run, kind, args),
+    201,
+    `POST commands ${kind}`,
+  )
+  return waitCommand(stack, account, run, sent.id, timeoutMs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Archives
+
+/** One entry of a test archive: a file, a folder, or a symbolic link. */
+export type TarEntry =
+  | { readonly path: string; readonly content: string | Uint8Array; readonly mode?: number }
+  | { readonly path: string; readonly dir: true }
+  | { readonly path: string; readonly symlink: string }
+
+const octal = (value: number, width: number) => `${value.toString(8).padStart(width - 1, "0")}\0`
+
+const header = (name: string, size: number, type: string, mode: number, link = "") => {
+  const h = Buffer.alloc(512)
+  h.write(name, 0, 100, "utf8")
+  h.write(octal(mode, 8), 100, 8, "ascii")
+  h.write(octal(0, 8), 108, 8, "ascii")
+  h.write(octal(0, 8), 116, 8, "ascii")
+  h.write(octal(size, 12), 124, 12, "ascii")
+  h.write(octal(Math.floor(Date.now() / 1000), 12), 136, 12, "ascii")
+  h.write("        ", 148, 8, "ascii")
+  h.write(type, 156, 1, "ascii")
+  h.write(link, 157, 100, "utf8")
+  h.write("ustar\0", 257, 6, "ascii")
+  h.write("00", 263, 2, "ascii")
+  let sum = 0
+  for (const b of h) sum += b
+  h.write(`${sum.toString(8).padStart(6, "0")}\0 `, 148, 8, "ascii")
+  return h
+}
+
+/** A plain ustar archive of `entries` (names under 100 bytes), uncompressed. */
+export const tar = (entries: ReadonlyArray<TarEntry>): Buffer => {
+  const parts: Array<Buffer> = []
+  for (const e of entries) {
+    if ("dir" in e) parts.push(header(e.path.endsWith("/") ? e.path : `${e.path}/`, 0, "5", 0o755))
+    else if ("symlink" in e) parts.push(header(e.path, 0, "2", 0o777, e.symlink))
+    else {
+      const data = typeof e.content === "string" ? Buffer.from(e.content, "utf8") : Buffer.from(e.content)
+      parts.push(header(e.path, data.byteLength, "0", e.mode ?? 0o644), data)
+      parts.push(Buffer.alloc((512 - (data.byteLength % 512)) % 512))
+    }
+  }
+  parts.push(Buffer.alloc(1024))
+  return Buffer.concat(parts)
+}
+
+/** A `.tar.gz` of `entries`. */
+export const tarGz = (entries: ReadonlyArray<TarEntry>): Buffer => gzipSync(tar(entries))

@@ -1,0 +1,304 @@
+/**
+ * The slow end-to-end run cases, through HTTP on the whole stack (`test/harness/Stack.ts`):
+ *
+ * - 20 runs on a host with room for 2 (2 vCPUs, size `s`) all succeed, start in creation order,
+ *   never more than 2 at once, each with its own output (no run lost or mixed up);
+ * - a gateway restart and an actor worker kill while runs work lose nothing: every run and
+ *   command ends as it should, and every run's compute entries cover its minutes exactly once;
+ * - a webhook receiver (HTTPS on loopback with a self-signed certificate, allowed by the test-only
+ *   settings) that fails twice then succeeds gets the run's event three times under one id, each
+ *   attempt signed (checked with node:crypto's Ed25519, not with our signing code);
+ * - a queue timeout: a run that finds no room fails `infrastructure` after the (short) wait.
+ */
+import { spawnSync } from "node:child_process"
+import { createPublicKey, verify } from "node:crypto"
+import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { createServer, type Server } from "node:https"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { minutePriceUsdNanos, sizes } from "../schema/Limits.ts"
+import {
+  call,
+  command,
+  createAccount,
+  type Json,
+  publish,
+  request,
+  type Stack,
+  sendCommandAnswer,
+  startRun,
+  startStack,
+  type TestAccount,
+  waitCommand,
+  waitRun,
+} from "./harness/Stack.ts"
+
+const problems = (stack: Stack) =>
+  stack.lines
+    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
+    .map((l) => `${l.role} ${l.line}`)
+    .slice(-40)
+    .join("\n")
+
+/** A self-signed certificate for 127.0.0.1 (openssl), in `dir`. */
+const selfSigned = async (dir: string) => {
+  const key = join(dir, "key.pem")
+  const cert = join(dir, "cert.pem")
+  const r = spawnSync("openssl", [
+    "req",
+    "-x509",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+    "-keyout",
+    key,
+    "-out",
+    cert,
+    "-days",
+    "1",
+    "-subj",
+    "/CN=127.0.0.1",
+    "-addext",
+    "subjectAltName=IP:127.0.0.1",
+  ])
+  if (r.status !== 0) throw new Error(`openssl: ${r.stderr.toString()}`)
+  return { key: await readFile(key), cert: await readFile(cert), certFile: cert }
+}
+
+interface Delivery {
+  readonly id: string
+  readonly timestamp: string
+  readonly signature: string
+  readonly body: string
+  readonly status: number
+}
+
+/** An HTTPS receiver that answers 500 to the first two attempts of each event id, then 200. */
+const receiver = async (tls: { key: Buffer; cert: Buffer }) => {
+  const deliveries: Array<Delivery> = []
+  const seen = new Map<string, number>()
+  const server: Server = createServer(tls, (req, res) => {
+    const chunks: Array<Buffer> = []
+    req.on("data", (c: Buffer) => chunks.push(c))
+    req.on("end", () => {
+      const id = String(req.headers["webhook-id"])
+      const n = (seen.get(id) ?? 0) + 1
+      seen.set(id, n)
+      const status = n <= 2 ? 500 : 200
+      deliveries.push({
+        id,
+        timestamp: String(req.headers["webhook-timestamp"]),
+        signature: String(req.headers["webhook-signature"]),
+        body: Buffer.concat(chunks).toString("utf8"),
+        status,
+      })
+      res.writeHead(status).end()
+    })
+  })
+  await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok))
+  const address = server.address()
+  const port = typeof address === "object" && address !== null ? address.port : 0
+  return {
+    url: `https://127.0.0.1:${port}/hook`,
+    deliveries,
+    close: () => new Promise<void>((ok) => server.close(() => ok())),
+  }
+}
+
+/** The run's compute entries in `GET /v1/usage`, oldest first. */
+const computeEntries = async (stack: Stack, who: TestAccount, run: string): Promise<Array<Json>> => {
+  const usage = await call(stack, "GET", "/v1/usage", who.owner)
+  expect(usage.status).toBe(200)
+  return usage.body.entries
+    .filter((e: Json) => e.kind === "compute" && e.run === run)
+    .sort((a: Json, b: Json) => a.from_minute - b.from_minute)
+}
+
+/** Minutes 1..n once each, amounts matching; answers n. */
+const expectWholeMinutes = (entries: ReadonlyArray<Json>): number => {
+  const price = minutePriceUsdNanos(sizes.s.memoryMib)
+  let next = 1
+  for (const e of entries) {
+    expect(e.from_minute).toBe(next)
+    expect(e.amount_usd_nanos).toBe(-(e.through_minute - e.from_minute + 1) * price)
+    next = e.through_minute + 1
+  }
+  return next - 1
+}
+
+describe("a host with room for two", () => {
+  const MINUTE_MS = 2_000
+  let stack: Stack
+  let acct: TestAccount
+  let dir: string
+  let hook: Awaited<ReturnType<typeof receiver>>
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "hangar-runs-heavy-"))
+    const tls = await selfSigned(dir)
+    hook = await receiver(tls)
+    stack = await startStack({
+      hostVcpus: 2,
+      minuteMs: MINUTE_MS,
+      queueTimeoutMs: 600_000,
+      webhookAllowPrivate: true,
+      webhookCaFile: tls.certFile,
+      webhookDelaysMs: [0, 300, 300],
+    })
+    acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
+  }, 120_000)
+
+  afterAll(async () => {
+    await hook?.close()
+    if (dir) await rm(dir, { recursive: true, force: true })
+    if (stack === undefined) return
+    const left = await stack.close()
+    expect(left, "machines left behind").toEqual([])
+  }, 120_000)
+
+  it("20 runs complete, started in creation order, at most 2 at once, none lost", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const runs: Array<string> = []
+    for (let i = 0; i < 20; i++)
+      runs.push((await startRun(stack, acct, fn.function, { prompt: `run ${i}` })).id)
+    // Each run's work is sent while it is queued: it runs when its machine is ready.
+    for (const [i, run] of runs.entries()) {
+      for (const [kind, args] of [
+        ["bash", { command: `mkdir -p out && echo ${i} > out/result.txt` }],
+        ["finish", { state: "succeeded" }],
+      ] as const) {
+        const sent = await sendCommandAnswer(stack, acct, run, kind, args)
+        expect(sent.status, sent.text).toBe(201)
+      }
+    }
+    const ended: Array<Json> = []
+    for (const run of runs) ended.push(await waitRun(stack, acct, run, { timeoutMs: 300_000 }))
+    for (const [i, r] of ended.entries()) {
+      expect(r.state, `run ${i}: ${JSON.stringify(r)}\n${problems(stack)}`).toBe("succeeded")
+      expect(r.prompt).toBe(`run ${i}`)
+      const archive = await request(r.output.url)
+      expect(archive.status).toBe(200)
+      const listing = spawnSync("tar", ["-xzO", "-f", "-"], { input: archive.data })
+      expect(listing.stdout.toString("utf8")).toBe(`${i}\n`)
+    }
+    const starts = ended.map((r) => Date.parse(r.started_at))
+    expect(starts).toEqual([...starts].sort((a, b) => a - b))
+    // Never more than two at work at once.
+    for (const r of ended) {
+      const at = Date.parse(r.started_at)
+      const working = ended.filter((o) => Date.parse(o.started_at) <= at && Date.parse(o.ended_at) > at)
+      expect(working.length).toBeLessThanOrEqual(2)
+    }
+  }, 400_000)
+
+  it("a gateway restart and an actor worker kill during runs lose nothing", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const runs: Array<string> = []
+    for (let i = 0; i < 4; i++) runs.push((await startRun(stack, acct, fn.function, { prompt: `r${i}` })).id)
+    const commands = new Map<string, Array<string>>()
+    for (const [i, run] of runs.entries()) {
+      const ids: Array<string> = []
+      for (const [kind, args] of [
+        ["bash", { command: "sleep 3" }],
+        ["write", { file_path: "out/result.txt", content: `r${i}` }],
+        ["finish", { state: "succeeded" }],
+      ] as const) {
+        const sent = await sendCommandAnswer(stack, acct, run, kind, args)
+        expect(sent.status, sent.text).toBe(201)
+        ids.push(sent.body.id)
+      }
+      commands.set(run, ids)
+    }
+    await waitRun(stack, acct, runs[0]!, { until: (r) => r.state === "running" })
+    await stack.stopGateway()
+    await stack.startGateway()
+    await waitRun(stack, acct, runs[1]!, { until: (r) => r.state === "running" })
+    await stack.killActors()
+    await stack.startActors()
+    for (const run of runs) {
+      const ended = await waitRun(stack, acct, run, { timeoutMs: 180_000 })
+      expect(ended.state, `${JSON.stringify(ended)}\n${problems(stack)}`).toBe("succeeded")
+      for (const id of commands.get(run)!) {
+        const c = await waitCommand(stack, acct, run, id)
+        expect(c.state, JSON.stringify(c)).toBe("succeeded")
+      }
+      const minutes = expectWholeMinutes(await computeEntries(stack, acct, run))
+      expect(minutes).toBe(
+        Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / MINUTE_MS)),
+      )
+    }
+  }, 400_000)
+
+  it("a receiver failing twice then answering 200 gets the run's event three times under one id, signed", async () => {
+    const fn = await publish(stack, acct)
+    const run = (await startRun(stack, acct, fn.function, { webhook: hook.url })).id
+    await command(stack, acct, run, "finish", { state: "failed", detail: "stop here" })
+    const ended = await waitRun(stack, acct, run)
+    expect(ended.state).toBe("failed")
+    const events = async () =>
+      hook.deliveries.filter((d) => {
+        const body = JSON.parse(d.body)
+        return body.type === "run.failed" && body.data?.id === run
+      })
+    const deadline = Date.now() + 60_000
+    while ((await events()).length < 3 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100))
+    const got = await events()
+    expect(
+      got.map((d) => d.status),
+      problems(stack),
+    ).toEqual([500, 500, 200])
+    expect(new Set(got.map((d) => d.id)).size).toBe(1)
+    expect(new Set(got.map((d) => d.body)).size).toBe(1)
+    const body = JSON.parse(got[0]!.body)
+    expect(body.data).toMatchObject({ id: run, state: "failed", failure: "no_submission" })
+
+    // Each attempt verifies with the account's published key (raw Ed25519 public key in base64).
+    const keys = await call(stack, "GET", "/v1/webhooks/public-key", acct.owner)
+    expect(keys.status).toBe(200)
+    const raw = Buffer.from(String(keys.body.keys[0]).slice("whpk_".length), "base64")
+    const publicKey = createPublicKey({
+      key: { kty: "OKP", crv: "Ed25519", x: raw.toString("base64url") },
+      format: "jwk",
+    })
+    for (const d of got) {
+      const [version, signature] = d.signature.split(",")
+      expect(version).toBe("v1a")
+      const content = Buffer.from(`${d.id}.${d.timestamp}.${d.body}`, "utf8")
+      expect(verify(null, content, publicKey, Buffer.from(signature!, "base64"))).toBe(true)
+    }
+  }, 120_000)
+})
+
+describe("a host with no room", () => {
+  let stack: Stack
+  let acct: TestAccount
+
+  beforeAll(async () => {
+    stack = await startStack({ hostVcpus: 1, queueTimeoutMs: 3_000 })
+    acct = await createAccount(stack, { creditUsd: 10 })
+  }, 120_000)
+
+  afterAll(async () => {
+    if (stack === undefined) return
+    const left = await stack.close()
+    expect(left, "machines left behind").toEqual([])
+  }, 120_000)
+
+  it("a run that finds no room within the queue timeout fails infrastructure and is not billed", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const holder = (await startRun(stack, acct, fn.function)).id
+    await waitRun(stack, acct, holder, { until: (r) => r.state === "running" })
+    const waiting = (await startRun(stack, acct, fn.function)).id
+    const ended = await waitRun(stack, acct, waiting, { timeoutMs: 60_000 })
+    expect(ended, problems(stack)).toMatchObject({ state: "failed", failure: "infrastructure" })
+    expect(ended.started_at).toBeUndefined()
+    expect(ended.detail).toBeTruthy()
+    await command(stack, acct, holder, "finish", { state: "failed" })
+    await waitRun(stack, acct, holder)
+    const usage = await call(stack, "GET", "/v1/usage", acct.owner)
+    expect(usage.body.entries.filter((e: Json) => e.run === waiting)).toEqual([])
+  }, 120_000)
+})
