@@ -371,12 +371,28 @@ export const make = (deps: RunDeps) => {
           const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
           const key = kvKeys.command(run.id, sequence)
           // Written before the state: a re-run of this message finds its own record (same id).
-          const stored = yield* kv.get(key).pipe(
-            Effect.flatMap((found) =>
-              Option.isSome(found) && found.value.value.id === m.id
-                ? Effect.succeed(found.value.value)
-                : Effect.as(kv.update(key, record, Option.isSome(found) ? found.value.revision : 0), record),
-            ),
+          // Created at once in the usual case (one write); a key already there is read: our own
+          // record stands, one left by a message whose state write was lost is replaced.
+          const existing = kv
+            .get(key)
+            .pipe(
+              Effect.flatMap((found) =>
+                Option.isSome(found) && found.value.value.id === m.id
+                  ? Effect.succeed(found.value.value)
+                  : Effect.as(
+                      kv.update(key, record, Option.isSome(found) ? found.value.revision : 0),
+                      record,
+                    ),
+              ),
+            )
+          const stored = yield* (
+            known === undefined
+              ? kv.create(key, record).pipe(
+                  Effect.as(record),
+                  Effect.catchTag("StateConflict", () => existing),
+                )
+              : existing
+          ).pipe(
             Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("writing the command")(e))),
           )
           if (known !== undefined) return { state: s, reply: { command: stored } }

@@ -138,6 +138,8 @@ interface Tracked {
   done: boolean
   /** The fiber that writes its end (dispatched kinds) or handles it (`finish`). */
   fiber?: Fiber.RuntimeFiber<void>
+  /** The fiber writing `running` while the command already works; its end waits for it. */
+  marking?: Fiber.RuntimeFiber<void>
   /** Dispatched through the dispatcher (cancel there), or handled here (interrupt the fiber). */
   dispatched: boolean
   lock: Effect.Semaphore
@@ -267,6 +269,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     // midway: a record ended here always has its log line and webhook.
     const finishRecord = (t: Tracked, outcome: Outcome) =>
       Effect.gen(function* () {
+        if (t.marking) yield* Fiber.await(t.marking)
         if (t.done) return
         const at = yield* now
         const base = { ...t.record, ended_at: at }
@@ -431,9 +434,18 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         const dispatcher = yield* Dispatcher.make({
           guest,
           context,
+          // `running` is written beside the command's start, not before it: the end waits for it.
           onStart: (record) => {
             const t = tracked.get(record.id)
-            return t === undefined ? Effect.void : markRunning(t)
+            return t === undefined
+              ? Effect.void
+              : Effect.asVoid(
+                  Effect.tap(Effect.forkIn(markRunning(t), scope), (f) =>
+                    Effect.sync(() => {
+                      t.marking = f
+                    }),
+                  ),
+                )
           },
         }).pipe(ScopeOps.extend(scope))
         yield* handOver(dispatcher)
