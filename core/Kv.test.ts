@@ -3,11 +3,18 @@ import { Chunk, Clock, Effect, Either, Fiber, Option, Schema, Stream } from "eff
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
+import { Nats } from "./Nats.ts"
 import { Storage } from "./Storage.ts"
 
 const Counter = Schema.Struct({ n: Schema.Number, by: Schema.String })
 
 const actors = Effect.flatMap(Storage, (s) => Kv.make(s.names.kv.actors.name, Counter))
+
+// The connection's live subscriptions (nats.js keeps them in its protocol handler).
+const subscriptions = (connection: unknown): number =>
+  (connection as { protocol: { subscriptions: { size: () => number } } }).protocol.subscriptions.size()
+const untilSubscribed = (connection: unknown, before: number) =>
+  Effect.yieldNow().pipe(Effect.repeat({ until: () => subscriptions(connection) > before }))
 
 layer(layerAll())("Kv", (it) => {
   it.effect("create stores a value; a second create of the same key is a StateConflict", () =>
@@ -143,6 +150,48 @@ layer(layerAll())("Kv", (it) => {
       yield* kv.put(`${p}.a`, { n: 2, by: "a" })
       const first = yield* kv.watch(`${p}.>`).pipe(Stream.take(1), Stream.runCollect)
       expect(Chunk.toReadonlyArray(first)).toMatchObject([{ _tag: "Put", key: `${p}.a`, value: { n: 2 } }])
+    }),
+  )
+
+  it.effect("awaitValue answers a current value that passes at once", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const key = `${uniqueName("a")}.k`
+      yield* kv.put(key, { n: 3, by: "a" })
+      expect(yield* kv.awaitValue(key, (v) => v.n >= 3)).toEqual({ n: 3, by: "a" })
+    }),
+  )
+
+  it.effect(
+    "awaitValue skips values that fail the test and deletions, and answers the first that passes",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        const { connection } = yield* Nats
+        const key = `${uniqueName("a")}.k`
+        yield* kv.put(key, { n: 1, by: "a" })
+        const before = subscriptions(connection)
+        const waiting = yield* Effect.fork(kv.awaitValue(key, (v) => v.n === 3))
+        // Subscribed: the writes below go out on the same connection after its SUB, so it sees them all.
+        yield* untilSubscribed(connection, before)
+        yield* kv.put(key, { n: 2, by: "a" })
+        yield* kv.delete(key)
+        yield* kv.put(key, { n: 3, by: "b" })
+        yield* kv.put(key, { n: 4, by: "a" })
+        expect(yield* Fiber.join(waiting)).toEqual({ n: 3, by: "b" })
+        expect(subscriptions(connection)).toBe(before)
+      }),
+  )
+
+  it.effect("an interrupted awaitValue unsubscribes", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const { connection } = yield* Nats
+      const before = subscriptions(connection)
+      const waiting = yield* Effect.fork(kv.awaitValue(`${uniqueName("a")}.k`, () => true))
+      yield* untilSubscribed(connection, before)
+      yield* Fiber.interrupt(waiting)
+      expect(subscriptions(connection)).toBe(before)
     }),
   )
 })

@@ -87,6 +87,16 @@ export interface Kv<A> {
     options?: WatchOptions,
   ) => Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>
   /**
+   * The key's first value, current or to come, that `test` accepts; waits as long as it takes
+   * (callers bound it). A core subscription on the key's subject is made (and flushed) before the
+   * current value is read, so no write between the two is missed; unlike a watch it costs the
+   * server no consumer, which matters for the one-key waits of long polls (about 1 ms against 5).
+   */
+  readonly awaitValue: (
+    key: string,
+    test: (value: A) => boolean,
+  ) => Effect.Effect<A, NatsError | KvValueInvalid>
+  /**
    * As `watch`, but subscribed when the effect completes: every write after that point is in the
    * stream (subscribe, then read, then wait — no lost wake-up). Unsubscribes when the scope closes.
    */
@@ -154,7 +164,7 @@ export const make = <A, I>(
   schema: Schema.Schema<A, I>,
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
   Effect.gen(function* () {
-    const { js } = yield* Nats
+    const { js, connection } = yield* Nats
     const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const json = Schema.parseJson(schema)
     const encodeJson = Schema.encode(json)
@@ -250,5 +260,45 @@ export const make = <A, I>(
 
     const watch: Kv<A>["watch"] = (filter, options) => Stream.unwrapScoped(watchScoped(filter, options))
 
-    return { bucket, get, create, update, put, delete: del, keys, watch, watchScoped } satisfies Kv<A>
+    const awaitValue: Kv<A>["awaitValue"] = (key, test) =>
+      Effect.acquireUseRelease(
+        attempt(`kv.subscribe ${bucket}`, async () => {
+          // The subject `@nats-io/kv` writes the key under (the bucket's stream is ours, unmirrored).
+          const sub = connection.subscribe(`$KV.${bucket}.${key}`)
+          await connection.flush()
+          return sub
+        }),
+        (sub) =>
+          Effect.gen(function* () {
+            const now = yield* get(key)
+            if (Option.isSome(now) && test(now.value.value)) return now.value.value
+            const messages = sub[Symbol.asyncIterator]()
+            for (;;) {
+              const next = yield* attempt(`kv.subscribe ${bucket}`, () => messages.next())
+              if (next.done === true)
+                return yield* new NatsError({
+                  operation: `kv.subscribe ${bucket}`,
+                  message: "the subscription ended",
+                })
+              const operation = next.value.headers?.get("KV-Operation")
+              if (operation === "DEL" || operation === "PURGE") continue
+              const value = yield* decode(key, next.value.data)
+              if (test(value)) return value
+            }
+          }),
+        (sub) => Effect.sync(() => sub.unsubscribe()),
+      )
+
+    return {
+      bucket,
+      get,
+      create,
+      update,
+      put,
+      delete: del,
+      keys,
+      watch,
+      watchScoped,
+      awaitValue,
+    } satisfies Kv<A>
   })

@@ -74,12 +74,7 @@ export const awaitEnded = (
 ): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
   Effect.gen(function* () {
     const kv = yield* commands
-    return yield* kv.watch(kvKeys.command(run, seq)).pipe(
-      Stream.filterMap((change) =>
-        change._tag === "Put" && isEnded(change.value) ? Option.some(change.value) : Option.none(),
-      ),
-      Stream.runHead,
-    )
+    return Option.some(yield* kv.awaitValue(kvKeys.command(run, seq), isEnded))
   })
 
 /** The run's records changed after revision `since`, oldest change first, about `maxBytes` of JSON at most. */
@@ -108,9 +103,5 @@ export const awaitRunStateOtherThan = (
   Effect.gen(function* () {
     const { names } = yield* Storage
     const runs = yield* Kv.make(names.kv.runs.name, StoredRun)
-    yield* runs.watch(kvKeys.run(account, run)).pipe(
-      Stream.filter((change) => change._tag === "Put" && change.value.state !== state),
-      Stream.take(1),
-      Stream.runDrain,
-    )
+    yield* runs.awaitValue(kvKeys.run(account, run), (r) => r.state !== state)
   })
