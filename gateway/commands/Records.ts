@@ -4,13 +4,15 @@
  *
  * - A command id is found through the run actor's stored state (`commands`: id → sequence, KV
  *   `actors`), one read instead of a scan of the run's records. The actor stores its state before
- *   it answers `AddCommand`, so a command the caller was just given is always found.
+ *   it answers `AddCommand`, so a command the caller was just given is always found. Sequences
+ *   this process has seen are remembered (they never change), so the usual create-then-wait skips
+ *   that read.
  * - "Changed after N" uses the bucket's revisions as the change counter: each record's revision is
  *   its last write, so a command shows up again each time it changes (`core/KvChanges.ts`).
- * - Every wait is a KV watch, which opens its subscription before it reads (a watch of one key
- *   starts with its current value; a watch of changes starts at revision N+1), so a write between
- *   a read and the wait is never missed. Callers bound waits with a timeout; interrupting one (the
- *   client went away) closes its watch.
+ * - Every wait subscribes before it reads, so a write between a read and the wait is never
+ *   missed: one key with `Kv.awaitValue` (a core subscription, then the current value), the changes
+ *   of a run with a KV watch from revision N+1. Callers bound waits with a timeout; interrupting
+ *   one (the client went away) unsubscribes.
  */
 import { Effect, Option, Schema, Stream } from "effect"
 import { Run } from "../../actors/run/Messages.ts"
@@ -38,16 +40,31 @@ export const isEnded = (record: CommandRecord): boolean => endedCommandStates.ha
 
 const commands = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandRecordSchema))
 
+// Command id → `<run>:<sequence>`, as this process learnt them: a sequence never changes once
+// given, so reads of a command this gateway created (the usual case: create, then wait) skip the
+// run actor's state, which grows with the run's commands. Bounded; the oldest entry goes first.
+const knownMax = 50_000
+const known = new Map<string, string>()
+
+/** Remembers that command `cid` of run `run` has sequence `seq` (the create route's answer). */
+export const remember = (run: string, cid: string, seq: number): void => {
+  if (known.size >= knownMax) known.delete(known.keys().next().value as string)
+  known.set(cid, `${run}:${seq}`)
+}
+
 /** The sequence of command `cid` of run `run`, from the run actor's stored state; none when unknown. */
 export const sequenceOf = (
   run: string,
   cid: string,
-): Effect.Effect<Option.Option<number>, unknown, Nats | Storage> =>
-  isCommandId(cid)
-    ? Effect.map(State.read(Run, run), (found) =>
-        Option.flatMap(found, (r) => Option.fromNullable(r.state.commands[cid])),
-      )
-    : Effect.succeed(Option.none())
+): Effect.Effect<Option.Option<number>, unknown, Nats | Storage> => {
+  if (!isCommandId(cid)) return Effect.succeed(Option.none())
+  const seen = known.get(cid) ?? ""
+  if (seen.startsWith(`${run}:`)) return Effect.succeed(Option.some(Number(seen.slice(run.length + 1))))
+  return State.read(Run, run).pipe(
+    Effect.map((found) => Option.flatMap(found, (r) => Option.fromNullable(r.state.commands[cid]))),
+    Effect.tap(Option.match({ onNone: () => undefined, onSome: (seq) => remember(run, cid, seq) })),
+  )
+}
 
 /** The current record at sequence `seq` of run `run`, or none. */
 export const get = (

@@ -118,7 +118,10 @@ export const routes = [
             },
             { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}` },
           )
-          if ("command" in reply) return json(reply.command, { status: 201 })
+          if ("command" in reply) {
+            Records.remember(run.id, reply.command.id, reply.command.sequence)
+            return json(reply.command, { status: 201 })
+          }
           if ("ended" in reply) return yield* Effect.fail(ApiError.runEnded())
           return yield* Effect.fail(ApiError.notFound("run"))
         }),

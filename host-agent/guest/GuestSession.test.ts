@@ -133,7 +133,11 @@ describe("bash", () => {
     })
     const fiber = Effect.runFork(
       guest.bash(
-        { command: "sleep 1000 & (setsid sleep 1000 &); bash -c 'sleep 1000' & echo started; wait" },
+        {
+          // "started" once all three sleeps exist (a forked bash execs its sleep a moment later).
+          command:
+            "sleep 1000 & (setsid sleep 1000 &); bash -c 'sleep 1000' & until [ $(pgrep -x sleep | wc -l) -ge 3 ]; do :; done; echo started; wait",
+        },
         (c) => {
           if (Buffer.from(c).toString().includes("started")) sawStart()
         },

@@ -120,25 +120,33 @@ const exitOf = (ch: ClientChannel): Promise<ChannelExit> =>
     ch.on("close", () => ok(status))
   })
 
-// The fixed program every `bash` command runs. Its arguments come on stdin, NUL-separated (cgroup
-// slot, workdir, command, then NAME=value pairs), so nothing is quoted and the size is not bounded
-// by sshd's command line. The command's stdout and stderr go to the channel's stdout; the wrapper
-// reports on the channel's stderr: `pid N` once the command is in its cgroup, and at the end
-// `end <exit code> <oom kills>` after every leftover process of the command is killed.
+// The fixed program every `bash` command runs, after `k=<cgroup slot>`. The rest of its arguments
+// come on stdin, NUL-separated (workdir, command, then NAME=value pairs), so nothing is quoted and
+// the size is not bounded by sshd's command line. The command's stdout and stderr go to the
+// channel's stdout; the wrapper reports on the channel's stderr: `pid N` once the command starts
+// (it is in its cgroup by then), and at the end `end <exit code> <oom kills>` after every leftover
+// process of the command is killed.
+//
+// The command's process moves into its cgroup *before* it reads its arguments: moving a process
+// between cgroup v1 groups waits for an RCU grace period, 10–20 ms on a quiet host, so the session
+// opens the next wrapper ahead of time (`Spare`) and a command only has to write its arguments to
+// one that is already waiting. A wrapper that gets no arguments (the session closed) runs nothing.
 //
 // Only shell builtins run between sshd and the command's bash (each extra program costs ~1.5 ms of
 // an exec): `set -m` gives the command its own process group, and command cgroups are reused from
 // slots the session hands out (making and removing a memory cgroup costs ~3 ms), so the OOM count
 // is the difference of the slot's counter over the command.
 const WRAPPER = `set -u
-IFS= read -r -d '' k; IFS= read -r -d '' wd; IFS= read -r -d '' cmd
-envs=(); while IFS= read -r -d '' kv; do envs+=("$kv"); done
 cg=/sys/fs/cgroup/memory/p$k
 [ -d "$cg" ] || mkdir "$cg" || exit 97
 oom0=0; while read -r n v; do [ "$n" = oom_kill ] && oom0=$v; done < "$cg/memory.oom_control"
-exec 3>&2
+exec 3>&2 4<&0
 set -m
-( echo $BASHPID > "$cg/cgroup.procs" && echo 1000 > /proc/self/oom_score_adj && echo "pid $BASHPID" >&3 && exec 3>&- && cd "$wd" && for kv in "\${envs[@]}"; do export "$kv"; done && exec /bin/bash -c "$cmd" ) </dev/null 2>&1 &
+( echo $BASHPID > "$cg/cgroup.procs" && echo 1000 > /proc/self/oom_score_adj || exit 98
+IFS= read -r -d '' wd <&4 || exit 0; IFS= read -r -d '' cmd <&4 || exit 0
+envs=(); while IFS= read -r -d '' kv <&4; do envs+=("$kv"); done
+echo "pid $BASHPID" >&3 && exec 3>&- 4<&- </dev/null && cd "$wd" && for kv in "\${envs[@]}"; do export "$kv"; done && exec /bin/bash -c "$cmd" ) 2>&1 &
+exec 4<&-
 wait $! 2>/dev/null; rc=$?
 oom=0; while read -r n v; do [ "$n" = oom_kill ] && oom=$v; done < "$cg/memory.oom_control"
 for ((i = 0; i < 1000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -eq 0 ] && break; kill -9 "\${ps[@]}" 2>/dev/null; sleep 0.005; done
@@ -194,6 +202,64 @@ const connectOnce = (endpoint: GuestEndpoint) =>
     })
   })
 
+/** A wrapper channel opened ahead of its command, waiting for its arguments on stdin. */
+interface Spare {
+  readonly channel: ClientChannel
+  readonly slot: number
+  /** The channel closed (the session ended) before anyone used it. */
+  closed: boolean
+  /** Taken by a command, which gives the slot back itself (after any kill of the slot ended). */
+  taken: boolean
+}
+
+/** Opens a wrapper on a slot of `slots`; an unused one gives its slot back when it closes. */
+const openWrapper = (client: ssh2.Client, slots: Slots): Promise<Spare> => {
+  const slot = slots.take()
+  return exec(client, `k=${slot}\n${WRAPPER}`).then(
+    (channel) => {
+      const spare: Spare = { channel, slot, closed: false, taken: false }
+      channel.once("close", () => {
+        spare.closed = true
+        if (!spare.taken) slots.give(slot)
+      })
+      return spare
+    },
+    (e) => {
+      slots.give(slot)
+      throw e
+    },
+  )
+}
+
+/**
+ * The session's wrappers: each command takes the one opened ahead (or opens one when none is
+ * ready) and the next is opened at once, so the cgroup move of the next command happens while the
+ * machine waits for it.
+ */
+class Wrappers {
+  private spare: Promise<Spare> | undefined
+  constructor(
+    private readonly client: ssh2.Client,
+    private readonly slots: Slots,
+  ) {}
+  async take(): Promise<Spare> {
+    const ready = this.spare
+    this.spare = openWrapper(this.client, this.slots)
+    this.spare.catch(() => undefined)
+    const found = ready === undefined ? undefined : await ready.catch(() => undefined)
+    const spare = found === undefined || found.closed ? await openWrapper(this.client, this.slots) : found
+    spare.taken = true
+    return spare
+  }
+  /**
+   * Gives a taken wrapper's slot back once `kill` (a kill loop on the slot, if one ran) is over:
+   * a loop still running would kill the next command given the slot.
+   */
+  give(spare: Spare, kill: Promise<void> | undefined): void {
+    void (kill ?? Promise.resolve()).then(() => this.slots.give(spare.slot))
+  }
+}
+
 /** Cgroup slots of running commands: a slot is reused only after its command's channel closed. */
 class Slots {
   private readonly used = new Set<number>()
@@ -208,9 +274,14 @@ class Slots {
   }
 }
 
-const runBash = (client: ssh2.Client, slots: Slots, args: BashArgs, onOutput?: (chunk: Uint8Array) => void) =>
+const runBash = (
+  client: ssh2.Client,
+  wrappers: Wrappers,
+  args: BashArgs,
+  onOutput?: (chunk: Uint8Array) => void,
+) =>
   Effect.async<BashResult, GuestUnavailable>((resume) => {
-    const slot = slots.take()
+    let slot = -1
     const keeper = new OutputKeeper()
     let control = ""
     let markStarted: () => void = () => undefined
@@ -241,10 +312,18 @@ const runBash = (client: ssh2.Client, slots: Slots, args: BashArgs, onOutput?: (
       timedOut = true
       void killAll()
     }, args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS)
-    exec(client, WRAPPER).then(
-      (ch) => {
+    wrappers.take().then(
+      (spare) => {
+        const ch = spare.channel
+        // Cancelled before a wrapper was ready: it gets no arguments, so it runs nothing.
+        if (finished) {
+          if (spare.closed) wrappers.give(spare, undefined)
+          else ch.once("close", () => wrappers.give(spare, undefined))
+          return void ch.end()
+        }
+        slot = spare.slot
         channel = ch
-        closed = new Promise((ok) => ch.on("close", () => ok()))
+        closed = spare.closed ? Promise.resolve() : new Promise((ok) => ch.once("close", () => ok()))
         ch.on("data", (chunk: Buffer) => {
           keeper.push(chunk)
           onOutput?.(chunk)
@@ -253,21 +332,24 @@ const runBash = (client: ssh2.Client, slots: Slots, args: BashArgs, onOutput?: (
           control += chunk.toString("latin1")
           if (/pid \d+\n/.test(control)) markStarted()
         })
-        ch.on("close", () => {
+        const onClose = () => {
           markStarted()
-          slots.give(slot)
           clearTimeout(timer)
+          wrappers.give(spare, kill)
           if (finished) return
           finished = true
           const end = /end (\d+) (-?\d+)/.exec(control)
+          // A kill loop that ran (timeout) ends first: the command is over when nothing of it is left.
+          const answer = (result: Effect.Effect<BashResult, GuestUnavailable>) =>
+            kill === undefined ? resume(result) : void kill.then(() => resume(result))
           if (!end)
-            return resume(
+            return answer(
               Effect.fail(
                 new GuestUnavailable({ detail: `bash ended without a status: ${control.slice(-500)}` }),
               ),
             )
           const kept = keeper.result()
-          resume(
+          answer(
             Effect.succeed({
               exit_code: Number(end[1]),
               ...kept,
@@ -275,14 +357,15 @@ const runBash = (client: ssh2.Client, slots: Slots, args: BashArgs, onOutput?: (
               oom_killed: Number(end[2]) > 0,
             }),
           )
-        })
-        const fields = [String(slot), posix.resolve(Files.WORKSPACE, args.workdir ?? "."), args.command]
+        }
+        if (spare.closed) onClose()
+        else ch.once("close", onClose)
+        const fields = [posix.resolve(Files.WORKSPACE, args.workdir ?? "."), args.command]
         for (const [k, v] of Object.entries(args.env ?? {})) fields.push(`${k}=${v}`)
         ch.end(Buffer.from(fields.map((f) => `${f}\0`).join(""), "utf8"))
       },
       (e) => {
         markStarted()
-        slots.give(slot)
         clearTimeout(timer)
         finished = true
         resume(Effect.fail(unavailable(e)))
@@ -325,7 +408,7 @@ export const connect = (
       }),
       (c) => Effect.sync(() => c.end()),
     )
-    const slots = new Slots()
+    const wrappers = new Wrappers(client, new Slots())
     const sftp = yield* Effect.tryPromise({ try: () => sftpOf(client), catch: unavailable })
     // ssh2 never calls back an SFTP request whose connection closed, so every file call races the
     // connection's end: a call pending then, or made later, fails with GuestUnavailable.
@@ -343,7 +426,7 @@ export const connect = (
     return {
       bash: (args, onOutput) => {
         const invalid = validate(args)
-        return invalid ? Effect.fail(invalid) : runBash(client, slots, args, onOutput)
+        return invalid ? Effect.fail(invalid) : runBash(client, wrappers, args, onOutput)
       },
       read: files(Files.read),
       write: files(Files.write),
