@@ -26,6 +26,22 @@ export const PROBE_MARK = "hangar-probe-ok"
 /** The guest's address on QEMU's user network, where the SSH port is forwarded to. */
 export const GUEST_ADDRESS = "10.0.2.15"
 
+/** How the guest's `eth0` is addressed: `<address>/<prefix>` and the gateway. */
+export interface GuestNet {
+  readonly address: string
+  readonly prefix: number
+  readonly gateway: string
+}
+
+/** QEMU's user network (tests): the fixed guest address and QEMU's host side. */
+export const userNet: GuestNet = { address: GUEST_ADDRESS, prefix: 24, gateway: "10.0.2.2" }
+
+/** The kernel command line words that give the init the guest's network. */
+export const netArgs = (n: GuestNet): ReadonlyArray<string> => [
+  `hangar.ip=${n.address}/${n.prefix}`,
+  `hangar.gw=${n.gateway}`,
+]
+
 const stage2 = `echo -1000 > /proc/self/oom_score_adj 2>/dev/null
 while :; do /usr/sbin/sshd -D -e -f /etc/ssh/hangar_sshd_config; echo "hangar-init: sshd exited $?"; sleep 1; done`
 
@@ -46,7 +62,9 @@ mount -t ext4 "$(dev_of root)" /newroot || fail "mount root"
 mkdir -p /newroot/workspace
 mount -t ext4 "$(dev_of workspace)" /newroot/workspace || fail "mount workspace"
 hostname machine
-ip link set lo up && ip link set eth0 up && ip addr add ${GUEST_ADDRESS}/24 dev eth0 && ip route add default via 10.0.2.2 || fail "network"
+for w in $(cat /proc/cmdline); do case "$w" in hangar.ip=*) ip_cidr=\${w#hangar.ip=};; hangar.gw=*) gw=\${w#hangar.gw=};; esac; done
+[ -n "$ip_cidr" ] && [ -n "$gw" ] || fail "no hangar.ip or hangar.gw on the kernel command line"
+ip link set lo up && ip link set eth0 up && ip addr add $ip_cidr dev eth0 && ip route add default via $gw || fail "network"
 mkdir -p /newroot/etc/ssh
 cp /hangar/sshd_config /newroot/etc/ssh/hangar_sshd_config
 cp /hangar/authorized_keys /newroot/etc/ssh/hangar_authorized_keys
@@ -70,10 +88,10 @@ exec switch_root -c /dev/console /newroot /bin/sh -c '${stage2}'
 `
 
 /** The per-machine archive appended to the shared initramfs: sshd's config and the machine's keys. */
-export const configArchive = (hostKey: string, authorizedKey: string): Buffer =>
+export const configArchive = (hostKey: string, authorizedKey: string, listenAddress: string): Buffer =>
   newc([
     { type: "dir", path: "hangar", mode: 0o700 },
-    { type: "file", path: "hangar/sshd_config", data: Buffer.from(guestSshdConfig(GUEST_ADDRESS)) },
+    { type: "file", path: "hangar/sshd_config", data: Buffer.from(guestSshdConfig(listenAddress)) },
     { type: "file", path: "hangar/authorized_keys", data: Buffer.from(`${authorizedKey.trim()}\n`) },
     { type: "file", path: "hangar/host_key", data: Buffer.from(hostKey), mode: 0o600 },
   ])

@@ -7,7 +7,7 @@ import { run } from "../namespace/exec.ts"
 import { newKeys, testId } from "../namespace/testing.ts"
 import { probe } from "./Accel.ts"
 import { newc } from "./Cpio.ts"
-import { configArchive } from "./Init.ts"
+import { configArchive, initScript, netArgs, userNet } from "./Init.ts"
 import { make, QemuDriverSettings } from "./QemuDriver.ts"
 import { leftovers } from "./testing.ts"
 
@@ -44,11 +44,21 @@ it("writes newc archives that cpio unpacks with their folders, contents, modes a
 
 it("puts the machine's keys and sshd config in its archive, the host key readable by root only", async () => {
   const keys = newKeys()
-  const dir = await unpack(configArchive(keys.host.private, `${keys.client.public}\n\n`))
+  const dir = await unpack(configArchive(keys.host.private, `${keys.client.public}\n\n`, "10.213.0.6"))
   expect(await readFile(join(dir, "hangar/host_key"), "utf8")).toBe(keys.host.private)
   expect((await stat(join(dir, "hangar/host_key"))).mode & 0o777).toBe(0o600)
   expect(await readFile(join(dir, "hangar/authorized_keys"), "utf8")).toBe(`${keys.client.public}\n`)
-  expect(await readFile(join(dir, "hangar/sshd_config"), "utf8")).toContain("PasswordAuthentication no")
+  const sshd = await readFile(join(dir, "hangar/sshd_config"), "utf8")
+  expect(sshd).toContain("PasswordAuthentication no")
+  expect(sshd).toContain("ListenAddress 10.213.0.6")
+})
+
+it("gives the guest its network on the kernel command line, which the init reads", () => {
+  const args = netArgs({ address: "10.213.0.6", prefix: 30, gateway: "10.213.0.5" })
+  expect(args).toEqual(["hangar.ip=10.213.0.6/30", "hangar.gw=10.213.0.5"])
+  expect(netArgs(userNet)).toEqual(["hangar.ip=10.0.2.15/24", "hangar.gw=10.0.2.2"])
+  expect(initScript).toContain(`hangar.ip=*) ip_cidr=\${w#hangar.ip=}`)
+  expect(initScript).toContain("ip addr add $ip_cidr dev eth0 && ip route add default via $gw")
 })
 
 it("chooses TCG without starting QEMU when the KVM device is missing", async () => {

@@ -2,21 +2,28 @@
  * The `qemu` machine driver: a machine is a QEMU microVM booting Debian's cloud kernel with a tiny
  * init (no systemd). Its root disk is a qcow2 overlay over a read-only ext4 image of the base, its
  * `/workspace` a sparse ext4 disk of the size's capacity, its keys ride in an archive appended to
- * the initramfs, and its network is QEMU's user network with `restrict=on` (no way out) and only
- * the SSH port forwarded to a loopback port of the host. KVM is used where the kernel boots on it,
- * TCG otherwise (see `Accel.ts`). Everything a machine owns is in its folder and its one process.
+ * the initramfs. KVM is used where the kernel boots on it, TCG otherwise (see `Accel.ts`).
  *
- * Not done yet: a tap device with the host's nftables policy (the production network), and running
- * QEMU as an unprivileged user in a sandbox.
+ * The network (`network` setting):
+ * - `tap` (the default, production): a tap device on the host named like the namespace driver's
+ *   veth, on a /30 leased from the same pool (`../namespace/Net.ts`), policed by the same nftables
+ *   rules (`../../network/Policy.ts`); the guest gets its address and gateway on the kernel command
+ *   line and sshd listens on it, so the host agent reaches it as it reaches a namespace machine.
+ * - `user`: QEMU's user network with `restrict=on` (no way out) and only the SSH port forwarded to
+ *   a loopback port of the host, for hosts where a test may not add devices.
+ *
+ * Everything a machine owns is its folder, its one process and, with `tap`, its device, slot and
+ * policy chain. Not done yet: running QEMU as an unprivileged user in a sandbox.
  */
 import { spawn } from "node:child_process"
 import { closeSync, openSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect, createServer } from "node:net"
 import { join } from "node:path"
-import { Config, Effect, Layer } from "effect"
+import { Config, Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
+import * as Policy from "../../network/Policy.ts"
 import {
   limitsOf,
   type Machine,
@@ -27,9 +34,11 @@ import {
   type MachineSpec,
   type Size,
 } from "../MachineDriver.ts"
+import { run } from "../namespace/exec.ts"
+import * as Net from "../namespace/Net.ts"
 import * as Accel from "./Accel.ts"
 import * as Disks from "./Disks.ts"
-import { configArchive } from "./Init.ts"
+import { configArchive, type GuestNet, netArgs, userNet } from "./Init.ts"
 import * as Kernel from "./Kernel.ts"
 
 const GiB = 1024 ** 3
@@ -54,6 +63,10 @@ export const QemuDriverSettings = defineSettings(
     rootHeadroomBytes: 4 * GiB,
     termGraceMs: 2000,
     readyTimeoutMs: 60_000,
+    network: "tap" as "tap" | "user",
+    /** As the namespace driver's: leases and the /16 pool machine addresses come from. */
+    runDir: "/run/hangar",
+    addressPool: "10.213.0.0",
   },
   (d) => ({
     machinesDir: env.string("QEMU_MACHINES_DIR", d.machinesDir),
@@ -63,6 +76,9 @@ export const QemuDriverSettings = defineSettings(
     accel: Config.literal("auto", "kvm", "tcg")("HANGAR_QEMU_ACCEL").pipe(Config.withDefault(d.accel)),
     termGraceMs: env.integer("MACHINE_TERM_GRACE_MS", d.termGraceMs),
     readyTimeoutMs: env.integer("QEMU_READY_TIMEOUT_MS", d.readyTimeoutMs),
+    network: Config.literal("tap", "user")("HANGAR_QEMU_NETWORK").pipe(Config.withDefault(d.network)),
+    runDir: env.string("RUN_DIR", d.runDir),
+    addressPool: env.string("MACHINE_ADDRESS_POOL", d.addressPool),
   }),
 )
 type Settings = typeof QemuDriverSettings.defaults
@@ -99,11 +115,11 @@ const freePort = () =>
     })
   })
 
-// The port is forwarded by QEMU itself, which accepts before the guest listens; only sshd's banner
-// says the machine is up.
-const sshBanner = (port: number) =>
+// With the user network the port is forwarded by QEMU itself, which accepts before the guest
+// listens; only sshd's banner says the machine is up.
+const sshBanner = (host: string, port: number) =>
   new Promise<boolean>((ok) => {
-    const socket = connect({ host: "127.0.0.1", port })
+    const socket = connect({ host, port })
     const finish = (up: boolean) => {
       clearTimeout(timer)
       socket.destroy()
@@ -123,9 +139,15 @@ const argsOf = (
   accel: Accel.Accel,
   khz: number,
   limits: Size,
-  port: number,
+  network: { readonly guest: GuestNet; readonly netdev: string },
 ): Array<string> => {
-  const append = ["console=ttyS0", "panic=-1", "quiet", ...(accel === "tcg" ? [`tsc_early_khz=${khz}`] : [])]
+  const append = [
+    "console=ttyS0",
+    "panic=-1",
+    "quiet",
+    ...(accel === "tcg" ? [`tsc_early_khz=${khz}`] : []),
+    ...netArgs(network.guest),
+  ]
   return [
     ...["-M", Accel.MACHINE, "-accel", accel, "-cpu", accel === "kvm" ? "host" : "max"],
     ...["-m", String(Math.max(128, Math.floor(limits.memoryBytes / MiB))), "-smp", String(limits.vcpus)],
@@ -135,13 +157,32 @@ const argsOf = (
     ...["-device", "virtio-blk-device,drive=root,serial=root"],
     ...["-drive", `id=workspace,file=${join(dir, "workspace.img")},format=raw,if=none`],
     ...["-device", "virtio-blk-device,drive=workspace,serial=workspace"],
-    ...["-netdev", `user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:${port}-:22`],
+    ...["-netdev", `${network.netdev},id=net0`],
     ...["-device", "virtio-net-device,netdev=net0"],
     ...["-serial", `file:${join(dir, "console.log")}`],
   ]
 }
 
-const destroyNow = async (s: Settings, id: string): Promise<void> => {
+/** Makes machine `id`'s tap device on its leased /30, up, and puts it under the policy. */
+const tapUp = async (policy: Policy.PolicySettingsValue, n: Net.NetLease): Promise<void> => {
+  await run("ip", ["-batch", "-"], {
+    input: [
+      `tuntap add dev ${n.hostIf} mode tap`,
+      `addr add ${n.hostAddress}/30 dev ${n.hostIf}`,
+      `link set ${n.hostIf} up`,
+    ].join("\n"),
+  })
+  await Policy.attach(policy, { iface: n.hostIf, guestAddress: n.guestAddress })
+}
+
+/** Removes what `tapUp` and the lease made; missing parts are fine. */
+const tapDown = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
+  await Policy.detach(policy, Net.hostIfOf(id))
+  await Net.down(id)
+  await Net.release(s.runDir, id)
+}
+
+const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   if (!ID.test(id)) throw new Error(`machine id must match ${ID}`)
   const dir = join(s.machinesDir, id)
   const pid = await qemuOf(dir)
@@ -157,6 +198,8 @@ const destroyNow = async (s: Settings, id: string): Promise<void> => {
       await sleep(10)
     }
   }
+  // The tap outlives QEMU (it was made persistent before QEMU opened it).
+  if (s.network === "tap") await tapDown(s, policy, id)
   await fs.rm(dir, { recursive: true, force: true })
 }
 
@@ -206,7 +249,12 @@ const shared = (s: Settings): Shared => {
   }
 }
 
-const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise<Machine> => {
+const createNow = async (
+  s: Settings,
+  policy: Policy.PolicySettingsValue,
+  cache: Shared,
+  spec: MachineSpec,
+): Promise<Machine> => {
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
@@ -220,13 +268,25 @@ const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise
     if (hostKey instanceof Error) throw hostKey
     const hostPublic = `${hostKey.type} ${hostKey.getPublicSSH().toString("base64")}`
 
+    step = "network"
+    const tap = s.network === "tap" ? await Net.lease(s.runDir, s.addressPool, spec.id) : undefined
+    if (tap !== undefined) {
+      step = "policy"
+      await tapUp(policy, tap)
+    }
+    const guest: GuestNet =
+      tap === undefined ? userNet : { address: tap.guestAddress, prefix: 30, gateway: tap.hostAddress }
+
     step = "kernel"
     const kernel = await cache.kernel()
     const accel = await cache.accel(kernel)
     const khz = await Accel.hostKhz()
     await fs.writeFile(
       join(dir, "initrd.cpio"),
-      Buffer.concat([await fs.readFile(kernel.initrd), configArchive(spec.hostKey, spec.authorizedKey)]),
+      Buffer.concat([
+        await fs.readFile(kernel.initrd),
+        configArchive(spec.hostKey, spec.authorizedKey, guest.address),
+      ]),
       { mode: 0o600 },
     )
 
@@ -235,12 +295,20 @@ const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise
     await Disks.overlay(join(dir, "root.qcow2"), base)
     await Disks.workspace(join(dir, "workspace.img"), limits.diskBytes)
 
-    // The loopback port is picked free just before QEMU binds it; losing that race is retried.
+    // The loopback port (user network) is picked free just before QEMU binds it; losing that race
+    // is retried.
     for (let attempt = 1; ; attempt++) {
       step = "start"
-      const port = await freePort()
+      const ssh =
+        tap === undefined
+          ? { host: "127.0.0.1", port: await freePort() }
+          : { host: tap.guestAddress, port: 22 }
+      const netdev =
+        tap === undefined
+          ? `user,restrict=on,hostfwd=tcp:127.0.0.1:${ssh.port}-:22`
+          : `tap,ifname=${tap.hostIf},script=no,downscript=no`
       const log = openSync(join(dir, "qemu.log"), "w")
-      const child = spawn(s.qemu, argsOf(dir, kernel, accel.accel, khz, limits, port), {
+      const child = spawn(s.qemu, argsOf(dir, kernel, accel.accel, khz, limits, { guest, netdev }), {
         detached: true,
         stdio: ["ignore", log, log],
       })
@@ -254,21 +322,25 @@ const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise
 
       step = "ready"
       const until = Date.now() + s.readyTimeoutMs
-      let up = await sshBanner(port)
+      let up = await sshBanner(ssh.host, ssh.port)
       while (!up && (await alive(spawned)) && Date.now() < until) {
         await sleep(50)
-        up = await sshBanner(port)
+        up = await sshBanner(ssh.host, ssh.port)
       }
       if (up) {
         return {
           id: spec.id,
           size: spec.size,
           limits,
-          ssh: { host: "127.0.0.1", port, hostKey: hostPublic },
+          ssh: { ...ssh, hostKey: hostPublic },
           handle: {
             pid: spawned,
             dir,
-            port,
+            port: ssh.port,
+            network: s.network,
+            ...(tap === undefined
+              ? {}
+              : { iface: tap.hostIf, address: tap.guestAddress, hostAddress: tap.hostAddress }),
             accel: accel.accel,
             accelDetail: accel.detail,
             kernel: kernel.package,
@@ -283,19 +355,23 @@ const createNow = async (s: Settings, cache: Shared, spec: MachineSpec): Promise
     }
   } catch (e) {
     const detail = e instanceof Error ? e.message : String(e)
-    if (step !== "folder" || !detail.includes("EEXIST")) await destroyNow(s, spec.id).catch(() => undefined)
+    if (step !== "folder" || !detail.includes("EEXIST"))
+      await destroyNow(s, policy, spec.id).catch(() => undefined)
     throw new MachineCreateFailed({ id: spec.id, step, detail })
   }
 }
 
-/** The driver with the given settings. */
-export const make = (s: Settings): MachineDriverService => {
+/** The driver with the given settings; tap networks follow `policy` (the defaults unless given). */
+export const make = (
+  s: Settings,
+  policy: Policy.PolicySettingsValue = Policy.PolicySettings.defaults,
+): MachineDriverService => {
   const cache = shared(s)
   return {
     kind: "qemu",
     create: (spec) =>
       Effect.tryPromise({
-        try: () => createNow(s, cache, spec),
+        try: () => createNow(s, policy, cache, spec),
         catch: (e) =>
           e instanceof MachineCreateFailed
             ? e
@@ -310,11 +386,22 @@ export const make = (s: Settings): MachineDriverService => {
       ),
     destroy: (id) =>
       Effect.tryPromise({
-        try: () => destroyNow(s, id),
+        try: () => destroyNow(s, policy, id),
         catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
       }),
   }
 }
 
 /** The qemu driver as the host's MachineDriver. */
-export const layer = Layer.effect(MachineDriver, Effect.map(QemuDriverSettings.Tag, make))
+export const layer = Layer.effect(
+  MachineDriver,
+  Effect.gen(function* () {
+    const s = yield* QemuDriverSettings.Tag
+    // Optional, so hosts that do not configure the network policy get its defaults.
+    const policy = yield* Effect.serviceOption(Policy.PolicySettings.Tag)
+    return make(
+      s,
+      Option.getOrElse(policy, () => Policy.PolicySettings.defaults),
+    )
+  }),
+)
