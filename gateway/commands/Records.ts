@@ -62,7 +62,7 @@ export const sequenceOf = (
   if (seen.startsWith(`${run}:`)) return Effect.succeed(Option.some(Number(seen.slice(run.length + 1))))
   return State.read(Run, run).pipe(
     Effect.map((found) => Option.flatMap(found, (r) => Option.fromNullable(r.state.commands[cid]))),
-    Effect.tap(Option.match({ onNone: () => undefined, onSome: (seq) => remember(run, cid, seq) })),
+    Effect.tap((seq) => Effect.sync(() => Option.map(seq, (n) => remember(run, cid, n)))),
   )
 }
 
