@@ -8,7 +8,33 @@
  * `GET /v1beta/models?pageSize&pageToken` answers `{models: [{name: "models/…", displayName,
  * inputTokenLimit, outputTokenLimit, supportedGenerationMethods, thinking?}], nextPageToken?}`;
  * we keep models that support `generateContent` and answer with text.
+ *
+ * A model turn is `POST /v1beta/models/{model}:generateContent`, not streamed: `systemInstruction`,
+ * `contents` (role `user`/`model`; `text`, `inlineData` PNG, `functionCall`, `functionResponse`
+ * parts; same-role neighbours merged), `tools: [{functionDeclarations}, {googleSearch: {}}]` (the
+ * declarations take the tool's JSON Schema as `parametersJsonSchema`, which accepts full JSON Schema
+ * where `parameters` takes only an OpenAPI subset), `generationConfig.maxOutputTokens` when >0 and
+ * `generationConfig.thinkingConfig` for an effort: `thinkingLevel` for Gemini 3 (`low`/`high`), a
+ * `thinkingBudget` for the others (`googleThinkingBudget`).
+ *
+ * Gemini gives function calls no ids (only some surfaces do): the client makes up one per call,
+ * unique across the conversation, and a tool result goes back as a `functionResponse` named after
+ * its tool, in the order of the calls (`{name, response: {output}}`, or `{error}` when it failed;
+ * an id Gemini did give is echoed). A result's images follow as `inlineData` parts of the same user
+ * turn. The model's parts are kept whole in the assistant item's `vendor.data.parts` and sent back
+ * verbatim, so their `thoughtSignature`s return with them as Gemini requires.
+ *
+ * Answer: `candidates[0].content.parts`, `finishReason` (`MAX_TOKENS` → out of tokens; a block for
+ * safety and the like with nothing said, or `promptFeedback.blockReason`, → `ChatRefused`;
+ * `MALFORMED_FUNCTION_CALL` → unavailable, a retry usually works), `groundingMetadata.
+ * webSearchQueries` (one search each), `usageMetadata` (`promptTokenCount` including
+ * `cachedContentTokenCount`, `candidatesTokenCount` + `thoughtsTokenCount` as output).
+ *
+ * Errors for a turn: 401/403 and a 400 whose `ErrorInfo` says `API_KEY_INVALID` refuse the key;
+ * other 400s (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`) and 404/413/422 refuse the request;
+ * 429 `RESOURCE_EXHAUSTED`, 5xx and 503 `UNAVAILABLE` are unavailable.
  */
+import { randomUUID } from "node:crypto"
 import { type HttpClient, HttpClientRequest } from "@effect/platform"
 import { Effect, Redacted, Schema } from "effect"
 import type { CatalogModel } from "../../schema/Provider.ts"
@@ -20,8 +46,31 @@ import {
   isGoogleChatModel,
   unknownChatModel,
 } from "./Catalog.ts"
+import {
+  type ChatError,
+  ChatRefused,
+  type ChatReply,
+  type ChatRequest,
+  type Part,
+  type ToolCall,
+} from "./Chat.ts"
 import { type VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
-import { type Dialect, type Endpoint, errorMessageOf, maxPages, sendJson, urlOf } from "./Http.ts"
+import {
+  compactionText,
+  count,
+  type Dialect,
+  type Endpoint,
+  errorMessageOf,
+  liveItems,
+  maxPages,
+  refusedStatuses,
+  sendChat,
+  sendJson,
+  type TurnOptions,
+  textOf,
+  urlOf,
+  vendorData,
+} from "./Http.ts"
 
 /** The page size we ask for (the API's maximum). */
 const pageSize = 1000
@@ -46,6 +95,8 @@ export const dialect: Dialect = {
   rejectsKey: (status, body) =>
     status === 401 || status === 403 || reasonsOf(body).some((reason) => keyReasons.has(reason)),
   messageOf: errorMessageOf,
+  refuses: (status, body) =>
+    refusedStatuses.has(status) && !reasonsOf(body).some((reason) => keyReasons.has(reason)),
 }
 
 /** The fields of a `GET /v1beta/models` page we use. */
@@ -120,3 +171,274 @@ export const listModels = (
       message: `the model list did not end within ${maxPages} pages`,
     })
   })
+
+// ---- Chat: POST /v1beta/models/{model}:generateContent ----
+
+/** Thinking budgets (tokens) for Gemini models that take a budget rather than a level. */
+export const googleThinkingBudget: Readonly<Record<string, number>> = {
+  low: 1_024,
+  medium: 8_192,
+  high: 24_576,
+}
+
+/** Families that take `thinkingLevel` instead of `thinkingBudget`. */
+const levelFamilies = { "gemini-3": true } as const
+
+/** The prefix of the ids the client makes up for Gemini's function calls. */
+export const callIdPrefix = "gcall_"
+
+/** The fields of a `generateContent` answer we use; parts are kept whole to send back. */
+export const Generated = Schema.Struct({
+  candidates: Schema.optionalWith(
+    Schema.Array(
+      Schema.Struct({
+        content: Schema.optional(
+          Schema.Struct({
+            parts: Schema.optionalWith(
+              Schema.Array(Schema.Record({ key: Schema.String, value: Schema.Unknown })),
+              {
+                default: () => [],
+              },
+            ),
+          }),
+        ),
+        finishReason: Schema.optional(Schema.String),
+        groundingMetadata: Schema.optional(
+          Schema.Struct({ webSearchQueries: Schema.optional(Schema.Array(Schema.Unknown)) }),
+        ),
+      }),
+    ),
+    { default: () => [] },
+  ),
+  promptFeedback: Schema.optional(Schema.Struct({ blockReason: Schema.optional(Schema.String) })),
+  usageMetadata: Schema.optional(
+    Schema.Struct({
+      promptTokenCount: Schema.optional(Schema.Number),
+      cachedContentTokenCount: Schema.optional(Schema.Number),
+      candidatesTokenCount: Schema.optional(Schema.Number),
+      thoughtsTokenCount: Schema.optional(Schema.Number),
+    }),
+  ),
+})
+
+// Empty text parts are left out (Gemini refuses an empty text part; a command with no output is one).
+const partsOf = (parts: ReadonlyArray<Part>): Array<Record<string, unknown>> =>
+  parts.flatMap(
+    (p): Array<Record<string, unknown>> =>
+      p.type === "text"
+        ? p.text === ""
+          ? []
+          : [{ text: p.text }]
+        : [{ inlineData: { mimeType: p.media_type, data: p.data } }],
+  )
+
+type Content = { role: "user" | "model"; parts: Array<Record<string, unknown>> }
+
+/** The `contents` list for `items`. */
+export const contentsOf = (items: ChatRequest["items"]): Array<Content> => {
+  const out: Array<Content> = []
+  // Ids Gemini itself gave to calls (echoed in the responses); the made-up ones are not sent.
+  const vendorIds = new Set<string>()
+  const push = (role: Content["role"], parts: Array<Record<string, unknown>>) => {
+    // A turn with no parts is refused; an empty answer or prompt adds nothing anyway.
+    if (parts.length === 0) return
+    const last = out.at(-1)
+    if (last?.role === role) last.parts.push(...parts)
+    else out.push({ role, parts })
+  }
+  for (const item of liveItems(items)) {
+    switch (item.role) {
+      case "user":
+        push("user", partsOf(item.content))
+        break
+      case "compaction":
+        push("user", [{ text: compactionText(item.summary) }])
+        break
+      case "assistant": {
+        const replay = vendorData(item, "google")?.parts
+        if (Array.isArray(replay)) {
+          for (const part of replay as Array<Record<string, unknown>>) {
+            const call = part.functionCall as { id?: unknown } | undefined
+            if (typeof call?.id === "string") vendorIds.add(call.id)
+          }
+          // An empty text part goes only when it carries a thought signature (Gemini may put one there).
+          const parts = replay as Array<Record<string, unknown>>
+          push(
+            "model",
+            parts.filter((p) => !(p.text === "" && p.thoughtSignature === undefined)),
+          )
+          break
+        }
+        push("model", [
+          ...(item.text === "" ? [] : [{ text: item.text }]),
+          ...item.tool_calls.map((c) => ({
+            functionCall: {
+              name: c.name,
+              args: typeof c.arguments === "string" ? { input: c.arguments } : c.arguments,
+            },
+          })),
+        ])
+        break
+      }
+      case "tool": {
+        const text = textOf(item.content)
+        const images = item.content.filter((p) => p.type === "image")
+        // Function responses lead the turn, before any image or text of the same user turn.
+        const response = {
+          functionResponse: {
+            ...(vendorIds.has(item.call_id) ? { id: item.call_id } : {}),
+            name: item.name,
+            response: item.is_error ? { error: text } : { output: text },
+          },
+        }
+        const last = out.at(-1)
+        if (last?.role === "user") {
+          const at = last.parts.findIndex((p) => p.functionResponse === undefined)
+          last.parts.splice(at === -1 ? last.parts.length : at, 0, response)
+          last.parts.push(...partsOf(images))
+        } else push("user", [response, ...partsOf(images)])
+        break
+      }
+    }
+  }
+  return out
+}
+
+/** The request body of one turn. */
+export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<string, unknown> => {
+  const tools: Array<unknown> = []
+  if (req.tools.length > 0) {
+    tools.push({
+      functionDeclarations: req.tools.map((t) => ({
+        name: t.name,
+        description: t.description,
+        parametersJsonSchema: t.parameters,
+      })),
+    })
+  }
+  if (req.web_search && !options.noTools) tools.push({ googleSearch: {} })
+  const effort = req.reasoning_effort
+  const thinkingConfig =
+    effort === ""
+      ? undefined
+      : familyOf(levelFamilies, req.model, ["-", "."])
+        ? { thinkingLevel: effort }
+        : { thinkingBudget: googleThinkingBudget[effort] ?? googleThinkingBudget.medium }
+  const generationConfig = {
+    ...(req.max_output_tokens > 0 ? { maxOutputTokens: req.max_output_tokens } : {}),
+    ...(thinkingConfig ? { thinkingConfig } : {}),
+  }
+  return {
+    systemInstruction: { parts: [{ text: req.system }] },
+    contents: contentsOf(req.items),
+    ...(tools.length > 0 ? { tools } : {}),
+    ...(options.noTools && req.tools.length > 0
+      ? { toolConfig: { functionCallingConfig: { mode: "NONE" } } }
+      : {}),
+    ...(Object.keys(generationConfig).length > 0 ? { generationConfig } : {}),
+  }
+}
+
+/** Finish reasons that mean the answer was blocked rather than finished. */
+const blocked = new Set([
+  "SAFETY",
+  "RECITATION",
+  "LANGUAGE",
+  "BLOCKLIST",
+  "PROHIBITED_CONTENT",
+  "SPII",
+  "IMAGE_SAFETY",
+])
+
+/** The reply for a decoded answer. */
+export const replyOf = (answer: typeof Generated.Type): Effect.Effect<ChatReply, ChatError> => {
+  const candidate = answer.candidates[0]
+  const block = answer.promptFeedback?.blockReason
+  if (candidate === undefined) {
+    return Effect.fail(
+      block
+        ? new ChatRefused({ provider: "google", status: 200, message: `the prompt was blocked (${block})` })
+        : new VendorUnavailable({ vendor: "google", status: 200, message: "the answer has no candidate" }),
+    )
+  }
+  const parts = candidate.content?.parts ?? []
+  const finish = candidate.finishReason ?? "STOP"
+  if (finish === "MALFORMED_FUNCTION_CALL") {
+    return Effect.fail(
+      new VendorUnavailable({
+        vendor: "google",
+        status: 200,
+        message: "the model made a malformed function call",
+      }),
+    )
+  }
+  const texts: Array<string> = []
+  const calls: Array<ToolCall> = []
+  for (const part of parts) {
+    if (typeof part.text === "string" && part.thought !== true) texts.push(part.text)
+    const call = part.functionCall
+    if (typeof call === "object" && call !== null) {
+      const { id, name, args } = call as { id?: unknown; name?: unknown; args?: unknown }
+      if (typeof name !== "string") {
+        return Effect.fail(
+          new VendorUnavailable({
+            vendor: "google",
+            status: 200,
+            message: "the answer has an unexpected shape (a functionCall without name)",
+          }),
+        )
+      }
+      calls.push({
+        id: typeof id === "string" && id !== "" ? id : `${callIdPrefix}${randomUUID()}`,
+        name,
+        arguments:
+          typeof args === "object" && args !== null && !Array.isArray(args)
+            ? (args as Record<string, unknown>)
+            : {},
+      })
+    }
+  }
+  if (blocked.has(finish) && texts.length === 0 && calls.length === 0) {
+    return Effect.fail(
+      new ChatRefused({ provider: "google", status: 200, message: `the answer was blocked (${finish})` }),
+    )
+  }
+  const u = answer.usageMetadata
+  const prompt = count(u?.promptTokenCount)
+  const cached = Math.min(count(u?.cachedContentTokenCount), prompt)
+  const output = count(u?.candidatesTokenCount) + count(u?.thoughtsTokenCount)
+  return Effect.succeed({
+    item: {
+      role: "assistant",
+      text: texts.join(""),
+      tool_calls: calls,
+      vendor: { provider: "google", data: { parts } },
+    },
+    stop: calls.length > 0 ? "tool_calls" : finish === "MAX_TOKENS" ? "max_tokens" : "end",
+    usage: {
+      input_tokens: prompt - cached,
+      cache_read_tokens: cached,
+      cache_write_tokens: 0,
+      output_tokens: output,
+      web_searches: candidate.groundingMetadata?.webSearchQueries?.length ?? 0,
+    },
+    context_tokens: prompt + output,
+  })
+}
+
+/** One model turn. */
+export const turn = (
+  http: HttpClient.HttpClient,
+  endpoint: Endpoint,
+  req: ChatRequest,
+  options: TurnOptions = {},
+): Effect.Effect<ChatReply, ChatError> =>
+  sendChat(
+    http,
+    dialect,
+    endpoint,
+    request(endpoint, "POST", `/v1beta/models/${encodeURIComponent(req.model)}:generateContent`).pipe(
+      HttpClientRequest.bodyUnsafeJson(bodyOf(req, options)),
+    ),
+    Generated,
+  ).pipe(Effect.flatMap(replyOf))

@@ -5,10 +5,16 @@
  *
  * The key travels only in a request header. The header names that carry it are added to
  * platform's redacted header names, so a tracing span never records it either.
+ *
+ * Two ways to sort an error answer: `sendJson` (the catalog) knows only "bad key" and "unavailable";
+ * `sendChat` (a model turn) also knows "refused for good" (`ChatRefused`: an invalid request, no
+ * quota, a feature the organization disabled), which the dialect's `refuses` decides and which is
+ * checked before the key test (Anthropic may answer a disabled feature with a 403).
  */
 import { Headers, type HttpClient, type HttpClientError, type HttpClientRequest } from "@effect/platform"
 import { Duration, Effect, ParseResult, Redacted, Schema } from "effect"
 import type { Vendor } from "../../schema/Provider.ts"
+import { type CallUsage, ChatRefused, type Item, type Part, type ToolCall } from "./Chat.ts"
 import { scrubKey, VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
 
 /** Where and how to reach one vendor with one key. */
@@ -25,7 +31,12 @@ export interface Dialect {
   readonly rejectsKey: (status: number, body: unknown) => boolean
   /** The vendor's message in an error body, if it has one. */
   readonly messageOf: (body: unknown) => string | undefined
+  /** For chat calls: whether an error answer refuses the request for good (see `sendChat`). */
+  readonly refuses?: (status: number, body: unknown) => boolean
 }
+
+/** The statuses every vendor uses for a request that cannot succeed as sent. */
+export const refusedStatuses: ReadonlySet<number> = new Set([400, 404, 413, 422])
 
 /** Header names that may carry a vendor key, beyond platform's defaults (authorization, x-api-key). */
 const keyHeaders = ["x-goog-api-key"]
@@ -60,18 +71,17 @@ const describeTransport = (error: HttpClientError.HttpClientError): string => {
   return error.reason === "Transport" ? "network error" : `could not read the answer (${error.reason})`
 }
 
-/**
- * Sends `request` and decodes a 2xx JSON answer with `schema`. Error answers become
- * `VendorRejectedKey` when the dialect says the key was refused, else `VendorUnavailable`; so do
- * network failures, no answer within `timeoutMs`, and an undecodable body.
- */
-export const sendJson = <A, I>(
+/** What an exchange can fail with once the answer is sorted. */
+type Sorted<R> = VendorRejectedKey | VendorUnavailable | R
+
+const exchange = <A, I, R>(
   http: HttpClient.HttpClient,
   dialect: Dialect,
   endpoint: Endpoint,
   request: HttpClientRequest.HttpClientRequest,
   schema: Schema.Schema<A, I, never>,
-): Effect.Effect<A, VendorRejectedKey | VendorUnavailable> => {
+  refused: (status: number, body: unknown, message: string) => R | undefined,
+): Effect.Effect<A, Sorted<R>> => {
   const { vendor } = dialect
   const unavailable = (status: number, message: string) => new VendorUnavailable({ vendor, status, message })
   const decode = Schema.decodeUnknown(schema, { onExcessProperty: "ignore" })
@@ -82,7 +92,7 @@ export const sendJson = <A, I>(
       duration: Duration.millis(endpoint.timeoutMs),
       onTimeout: () => unavailable(0, `no answer within ${endpoint.timeoutMs} ms`),
     }),
-    Effect.flatMap(({ status, text }) => {
+    Effect.flatMap(({ status, text }): Effect.Effect<A, Sorted<R>> => {
       const body = parseJson(text)
       if (status >= 200 && status < 300) {
         return decode(body).pipe(
@@ -98,6 +108,8 @@ export const sendJson = <A, I>(
       }
       const said = dialect.messageOf(body) ?? `HTTP ${status}`
       const message = scrubKey(said, Redacted.value(endpoint.key))
+      const refusal = refused(status, body, message)
+      if (refusal !== undefined) return Effect.fail(refusal)
       return Effect.fail(
         dialect.rejectsKey(status, body)
           ? new VendorRejectedKey({ vendor, status, message })
@@ -108,5 +120,91 @@ export const sendJson = <A, I>(
   )
 }
 
+/**
+ * Sends `request` and decodes a 2xx JSON answer with `schema`. Error answers become
+ * `VendorRejectedKey` when the dialect says the key was refused, else `VendorUnavailable`; so do
+ * network failures, no answer within `timeoutMs`, and an undecodable body.
+ */
+export const sendJson = <A, I>(
+  http: HttpClient.HttpClient,
+  dialect: Dialect,
+  endpoint: Endpoint,
+  request: HttpClientRequest.HttpClientRequest,
+  schema: Schema.Schema<A, I, never>,
+): Effect.Effect<A, VendorRejectedKey | VendorUnavailable> =>
+  exchange(http, dialect, endpoint, request, schema, () => undefined as never)
+
+/**
+ * As `sendJson`, for a model turn: an error answer the dialect's `refuses` picks becomes
+ * `ChatRefused` with the vendor's scrubbed words (checked first), then as `sendJson`.
+ */
+export const sendChat = <A, I>(
+  http: HttpClient.HttpClient,
+  dialect: Dialect,
+  endpoint: Endpoint,
+  request: HttpClientRequest.HttpClientRequest,
+  schema: Schema.Schema<A, I, never>,
+): Effect.Effect<A, VendorRejectedKey | VendorUnavailable | ChatRefused> =>
+  exchange(http, dialect, endpoint, request, schema, (status, body, message) =>
+    dialect.refuses?.(status, body)
+      ? new ChatRefused({ provider: dialect.vendor, status, message })
+      : undefined,
+  )
+
 /** Safety net for a vendor that keeps answering "there is more": stop after this many pages. */
 export const maxPages = 100
+
+// Helpers every chat client shares.
+
+/** The items a turn sends: the last `compaction` item and what follows it (it replaces the rest). */
+export const liveItems = (items: ReadonlyArray<Item>): ReadonlyArray<Item> => {
+  for (let i = items.length - 1; i >= 0; i--) {
+    if (items[i]?.role === "compaction") return items.slice(i)
+  }
+  return items
+}
+
+/** How a compaction summary reads when sent to the model as a user message. */
+export const compactionText = (summary: string): string =>
+  `The earlier part of this conversation was compacted. Summary of it:\n\n${summary}`
+
+/** A tool call's arguments as the model sent them: the JSON object, else the raw text. */
+export const parseArguments = (text: string): ToolCall["arguments"] => {
+  const parsed = parseJson(text)
+  return isObject(parsed) && !Array.isArray(parsed) ? (parsed as Record<string, unknown>) : text
+}
+
+/** A tool call's arguments as JSON text (an argument that was raw text is sent back as it came). */
+export const argumentsText = (args: ToolCall["arguments"]): string =>
+  typeof args === "string" ? args : JSON.stringify(args)
+
+/** The vendor state of an item when `vendor` made it, else `undefined` (never shown to another vendor). */
+export const vendorData = (
+  item: { readonly vendor?: { readonly provider: Vendor; readonly data: unknown } | undefined },
+  vendor: Vendor,
+): Record<string, unknown> | undefined =>
+  item.vendor?.provider === vendor && isObject(item.vendor.data)
+    ? (item.vendor.data as Record<string, unknown>)
+    : undefined
+
+/** The text parts of a content list, joined. */
+export const textOf = (content: ReadonlyArray<Part>): string =>
+  content.flatMap((p) => (p.type === "text" ? [p.text] : [])).join("\n")
+
+/** A count from a usage report: a finite non-negative integer, else 0. */
+export const count = (n: number | null | undefined): number =>
+  typeof n === "number" && Number.isFinite(n) && n > 0 ? Math.floor(n) : 0
+
+/** Usage that adds up several calls (Anthropic's continued turns). */
+export const addUsage = (a: CallUsage, b: CallUsage): CallUsage => ({
+  input_tokens: a.input_tokens + b.input_tokens,
+  cache_read_tokens: a.cache_read_tokens + b.cache_read_tokens,
+  cache_write_tokens: a.cache_write_tokens + b.cache_write_tokens,
+  output_tokens: a.output_tokens + b.output_tokens,
+  web_searches: a.web_searches + b.web_searches,
+})
+
+/** A turn's options beyond the request: `noTools` asks the model to answer in text only (summary turns). */
+export interface TurnOptions {
+  readonly noTools?: boolean
+}

@@ -3,11 +3,47 @@
  * `has_more`/`first_id`/`last_id`, the key checked from `x-api-key` and `anthropic-version`
  * required, errors in Anthropic's `{type: "error", error: {type, message}}` shape (a wrong key is
  * 401 `authentication_error` "invalid x-api-key"). `POST /v1/messages` answers only from its queue
- * (`enqueue("messages", …)`) for the agent loop's tests.
+ * (`enqueue("messages", …)`).
+ *
+ * Scripting a model turn (each call queues one answer of `POST /v1/messages`, in order):
+ *
+ *     fake.replyText("Done.", { input_tokens: 100, cache_read_tokens: 50, output_tokens: 20 })
+ *     fake.replyToolCalls([{ name: "bash", arguments: { command: "ls" } }], { output_tokens: 5 })
+ *     fake.replyText("Found it.", { web_searches: 2 })   // server_tool_use + web_search_tool_result blocks
+ *     fake.replyText("…", {}, { thinking: "hmm", signature: "sig-1" })   // a thinking block first
+ *     fake.replyText("…", {}, { stop: "pause_turn" })     // or "max_tokens", "refusal"
+ *     fake.replyError(529, AnthropicFake.error(529, "overloaded_error", "Overloaded").json)
+ *
+ * Usage is given in `Chat.CallUsage` terms (`FakeUsage`) and written the Anthropic way:
+ * `input_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`, `output_tokens`,
+ * `server_tool_use.web_search_requests`. Tool use ids are `toolu_<n>` unless given.
+ *
+ * Reading what the agent sent: `fake.chats()` (every `POST /v1/messages` as a `SeenChat`: `system`,
+ * user texts, `tool_result` blocks by `tool_use_id` with their text, images and `is_error`, base64
+ * `image` blocks, tool names, whether the `web_search_20250305` tool was offered, the raw `body`),
+ * `fake.lastChat()`.
+ *
+ * The route rejects, as Anthropic does (400 `invalid_request_error`), a body without `max_tokens`
+ * or `messages`, an empty message or text block, a thinking budget under 1024 or not below `max_tokens`, a `tool_result` whose id
+ * is not a `tool_use` of the message just before, and a `tool_use` left without its result in the
+ * next message.
  */
 import type { Scope } from "effect"
 import { Effect } from "effect"
-import { type FakeControls, pageOf, type Reply, start } from "./FakeServer.ts"
+import {
+  type FakeCall,
+  type FakeControls,
+  type FakeUsage,
+  jsonBody,
+  n0,
+  objects,
+  pageOf,
+  type RecordedRequest,
+  type Reply,
+  type SeenChat,
+  type SeenToolResult,
+  start,
+} from "./FakeServer.ts"
 
 /** A model as the fake lists it. */
 export interface AnthropicModel {
@@ -16,8 +52,215 @@ export interface AnthropicModel {
   readonly created_at?: string
 }
 
+/** How a scripted turn looks beyond its text or calls. */
+export interface ReplyOptions {
+  /** A thinking block first, with this text and `signature` (default `sig-<n>`). */
+  readonly thinking?: string
+  readonly signature?: string
+  /** The `stop_reason` (default `end_turn`, or `tool_use` for tool calls). */
+  readonly stop?: string
+  /** A text block before the tool calls (`replyToolCalls`). */
+  readonly text?: string
+}
+
+let serial = 0
+const nextId = (prefix: string) => `${prefix}_${++serial}`
+
+/** `usage` as Anthropic writes it. */
+export const usageBody = (u: FakeUsage = {}) => ({
+  input_tokens: n0(u.input_tokens),
+  cache_creation_input_tokens: n0(u.cache_write_tokens),
+  cache_read_input_tokens: n0(u.cache_read_tokens),
+  output_tokens: n0(u.output_tokens),
+  ...(n0(u.web_searches) > 0 ? { server_tool_use: { web_search_requests: n0(u.web_searches) } } : {}),
+})
+
+/** A Messages API answer holding `content` after the thinking and search blocks the options ask for. */
+export const messageReply = (
+  content: ReadonlyArray<unknown>,
+  stop: string,
+  usage: FakeUsage = {},
+  options: ReplyOptions = {},
+): Reply => ({
+  json: {
+    id: nextId("msg"),
+    type: "message",
+    role: "assistant",
+    model: "claude-fake",
+    content: [
+      ...(options.thinking === undefined
+        ? []
+        : [{ type: "thinking", thinking: options.thinking, signature: options.signature ?? nextId("sig") }]),
+      ...Array.from({ length: n0(usage.web_searches) }).flatMap((_, i) => {
+        const id = nextId("srvtoolu")
+        return [
+          { type: "server_tool_use", id, name: "web_search", input: { query: `fake query ${i + 1}` } },
+          {
+            type: "web_search_tool_result",
+            tool_use_id: id,
+            content: [
+              {
+                type: "web_search_result",
+                url: `https://example.com/${i + 1}`,
+                title: `Result ${i + 1}`,
+                encrypted_content: `enc-${id}`,
+                page_age: null,
+              },
+            ],
+          },
+        ]
+      }),
+      ...content,
+    ],
+    stop_reason: options.stop ?? stop,
+    stop_sequence: null,
+    usage: usageBody(usage),
+  },
+})
+
+/** A turn answering `text`. */
+export const textReply = (text: string, usage?: FakeUsage, options?: ReplyOptions): Reply =>
+  messageReply([{ type: "text", text }], "end_turn", usage, options)
+
+/** A turn calling `calls`. */
+export const toolCallsReply = (
+  calls: ReadonlyArray<FakeCall>,
+  usage?: FakeUsage,
+  options?: ReplyOptions,
+): Reply =>
+  messageReply(
+    [
+      ...(options?.text === undefined ? [] : [{ type: "text", text: options.text }]),
+      ...calls.map((c) => ({
+        type: "tool_use",
+        id: c.id ?? nextId("toolu"),
+        name: c.name,
+        input: c.arguments,
+      })),
+    ],
+    "tool_use",
+    usage,
+    options,
+  )
+
+/** A block's text parts joined, and its base64 images. */
+const partsOf = (content: unknown) => {
+  const blocks = typeof content === "string" ? [{ type: "text", text: content }] : objects(content)
+  const text = blocks.flatMap((b) => (b.type === "text" ? [String(b.text)] : [])).join("\n")
+  const images = blocks.flatMap((b) => {
+    const source = b.source as { data?: unknown } | undefined
+    return b.type === "image" && typeof source?.data === "string" ? [source.data] : []
+  })
+  return { text, images }
+}
+
+/** A `POST /v1/messages` body, vendor-neutral. */
+export const seen = (request: RecordedRequest): SeenChat => {
+  const body = jsonBody(request)
+  const userTexts: Array<string> = []
+  const toolResults: Array<SeenToolResult> = []
+  const images: Array<string> = []
+  for (const message of objects(body.messages)) {
+    if (message.role !== "user") continue
+    const blocks =
+      typeof message.content === "string"
+        ? [{ type: "text", text: message.content }]
+        : objects(message.content)
+    const own = blocks.filter((b) => b.type !== "tool_result")
+    for (const b of blocks) {
+      if (b.type !== "tool_result") continue
+      const { text, images: shots } = partsOf(b.content)
+      images.push(...shots)
+      toolResults.push({ id: String(b.tool_use_id), text, images: shots, isError: b.is_error === true })
+    }
+    if (own.length > 0) {
+      const { text, images: shots } = partsOf(own)
+      userTexts.push(text)
+      images.push(...shots)
+    }
+  }
+  const system =
+    typeof body.system === "string"
+      ? body.system
+      : objects(body.system)
+          .map((b) => String(b.text))
+          .join("\n")
+  const tools = objects(body.tools)
+  return {
+    body,
+    model: String(body.model),
+    system,
+    userTexts,
+    toolResults,
+    images,
+    tools: tools.flatMap((t) => (t.type === undefined || t.type === "custom" ? [String(t.name)] : [])),
+    webSearch: tools.some((t) => typeof t.type === "string" && t.type.startsWith("web_search_")),
+  }
+}
+
+const invalid = (message: string) => error(400, "invalid_request_error", message)
+
+const validateMessages = (request: RecordedRequest): Reply | undefined => {
+  const body = jsonBody(request)
+  if (!Number.isInteger(body.max_tokens) || (body.max_tokens as number) < 1)
+    return invalid("max_tokens: Field required")
+  const messages = objects(body.messages)
+  if (messages.length === 0) return invalid("messages: Field required")
+  const thinking = body.thinking as { type?: unknown; budget_tokens?: unknown } | undefined
+  if (thinking?.type === "enabled") {
+    const budget = Number(thinking.budget_tokens)
+    if (!(budget >= 1024))
+      return invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+    if (budget >= (body.max_tokens as number))
+      return invalid("`max_tokens` must be greater than `thinking.budget_tokens`.")
+  }
+  for (const [i, message] of messages.entries()) {
+    const blocks = objects(message.content)
+    if (typeof message.content !== "string" && blocks.length === 0 && i < messages.length - 1) {
+      return invalid(
+        `messages.${i}: all messages must have non-empty content except for the optional final assistant message`,
+      )
+    }
+    const texts = [...blocks, ...blocks.flatMap((b) => (b.type === "tool_result" ? objects(b.content) : []))]
+    if (texts.some((b) => b.type === "text" && b.text === "")) {
+      return invalid(`messages.${i}: text content blocks must be non-empty`)
+    }
+    const before = i > 0 ? objects(messages[i - 1]?.content) : []
+    const asked = new Set(before.flatMap((b) => (b.type === "tool_use" ? [String(b.id)] : [])))
+    const answered = new Set<string>()
+    for (const b of blocks) {
+      if (b.type !== "tool_result") continue
+      if (!asked.has(String(b.tool_use_id))) {
+        return invalid(
+          `messages.${i}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${String(b.tool_use_id)}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`,
+        )
+      }
+      answered.add(String(b.tool_use_id))
+    }
+    if (i > 0 && message.role === "user") {
+      const missing = [...asked].filter((id) => !answered.has(id))
+      if (missing.length > 0) {
+        return invalid(
+          `messages.${i - 1}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${missing.join(", ")}. Each \`tool_use\` block must have a corresponding \`tool_result\` block in the next message.`,
+        )
+      }
+    }
+  }
+  return undefined
+}
+
 /** The Anthropic fake's controls. */
 export interface AnthropicFake extends FakeControls {
+  /** Queues a turn answering `text`. */
+  readonly replyText: (text: string, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues a turn calling tools. */
+  readonly replyToolCalls: (calls: ReadonlyArray<FakeCall>, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues an error answer with `body` as sent (see `error(…).json`, `webSearchDisabledBody`). */
+  readonly replyError: (status: number, body: unknown) => void
+  /** Every `POST /v1/messages` received, vendor-neutral. */
+  readonly chats: () => ReadonlyArray<SeenChat>
+  /** The last `POST /v1/messages` received (fails the test when there is none). */
+  readonly lastChat: () => SeenChat
   /** Replaces the models `GET /v1/models` lists (in this order: the real API lists newest first). */
   readonly setModels: (models: ReadonlyArray<string | AnthropicModel>) => void
   /** The most models one page holds, whatever `limit` asks (the real API's is 1000). */
@@ -35,6 +278,25 @@ export const overloaded = (): Reply => error(529, "overloaded_error", "Overloade
 
 /** 500 as Anthropic sends it on an internal error. */
 export const apiError = (): Reply => error(500, "api_error", "Internal server error")
+
+/** 429 as Anthropic sends it when a rate limit is reached. */
+export const rateLimited = (): Reply =>
+  error(429, "rate_limit_error", "This request would exceed the rate limit for your organization.")
+
+/**
+ * What we answer for a request offering web search to an organization whose admin disabled it.
+ * Anthropic does not publish the exact body; we model it as a 400 `invalid_request_error` naming web
+ * search (the client also takes a 403 naming web search as a refusal rather than a bad key).
+ */
+export const webSearchDisabledBody = () => ({
+  type: "error",
+  error: {
+    type: "invalid_request_error",
+    message:
+      "Web search is not enabled for this organization. An administrator can enable it in the Console.",
+  },
+  request_id: "req_fake",
+})
 
 const noScript = (route: string): Reply =>
   error(500, "api_error", `the fake has no scripted reply for ${route}`)
@@ -95,14 +357,32 @@ export const make = (options: {
             }
           },
         },
-        { name: "messages", method: "POST", path: /^\/v1\/messages$/, handle: () => noScript("messages") },
+        {
+          name: "messages",
+          method: "POST",
+          path: /^\/v1\/messages$/,
+          handle: () => noScript("messages"),
+          validate: validateMessages,
+        },
       ],
     })
+    const chats = () =>
+      controls.requests.filter((r) => r.method === "POST" && r.path === "/v1/messages").map(seen)
     return {
       ...controls,
       setModels,
       setMaxPageSize: (n: number) => {
         maxPageSize = n
       },
-    }
+      replyText: (text, usage, options) => controls.enqueue("messages", textReply(text, usage, options)),
+      replyToolCalls: (calls, usage, options) =>
+        controls.enqueue("messages", toolCallsReply(calls, usage, options)),
+      replyError: (status, body) => controls.enqueue("messages", { status, json: body }),
+      chats,
+      lastChat: () => {
+        const last = chats().at(-1)
+        if (last === undefined) throw new Error("the Anthropic fake received no POST /v1/messages")
+        return last
+      },
+    } satisfies AnthropicFake
   })

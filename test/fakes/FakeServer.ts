@@ -10,6 +10,12 @@
  * - `requests` / `awaitRequests(n)`: what was received, for assertions and for tests that must
  *   act once a request is in flight (e.g. moving a `TestClock`).
  *
+ * A route may `validate` a request before its queue is used, answering what the real vendor
+ * answers a malformed request (a 400 in its shape): a client bug then fails a test instead of being
+ * answered by a scripted reply. The chat fakes share `FakeUsage` (usage in `Chat.CallUsage` terms,
+ * each fake writing it in its vendor's fields) and `SeenChat` (a vendor-neutral view of a chat
+ * request, for tests that check what the agent sent whatever the vendor).
+ *
  * A reply is JSON, raw text, a server-sent event stream, a dropped connection, or no answer at
  * all (`hang`, until the server closes). Closing the scope closes every connection and the server.
  */
@@ -55,7 +61,79 @@ export interface Route {
   readonly path: RegExp
   /** The answer when the route's queue is empty. */
   readonly handle: (request: RecordedRequest, match: RegExpMatchArray) => Reply
+  /** An error reply when the request is malformed (checked before the queue), else `undefined`. */
+  readonly validate?: (request: RecordedRequest) => Reply | undefined
 }
+
+/**
+ * Usage a chat fake reports, in `Chat.CallUsage` terms: `input_tokens` billed at the full rate,
+ * apart from cache reads and writes. Each fake writes it in its vendor's fields (OpenAI and Google
+ * count cache reads inside their input figure; only Anthropic reports cache writes), so a client
+ * reading the reply must answer exactly these numbers. Missing fields are 0.
+ */
+export interface FakeUsage {
+  readonly input_tokens?: number
+  readonly cache_read_tokens?: number
+  readonly cache_write_tokens?: number
+  readonly output_tokens?: number
+  readonly web_searches?: number
+}
+
+/** A tool call a chat fake answers with; `id` is made up when absent (Google sends none). */
+export interface FakeCall {
+  readonly name: string
+  readonly arguments: Readonly<Record<string, unknown>>
+  readonly id?: string
+}
+
+/** A tool result as a chat request carried it. */
+export interface SeenToolResult {
+  /** The call id (OpenAI, Anthropic) or the tool name (Google, which has no ids). */
+  readonly id: string
+  readonly text: string
+  /** Base64 PNGs sent with the result. */
+  readonly images: ReadonlyArray<string>
+  readonly isError: boolean
+}
+
+/** One chat request as the fake received it, vendor-neutral. */
+export interface SeenChat {
+  /** The parsed JSON body, for vendor-specific checks. */
+  readonly body: Record<string, unknown>
+  readonly model: string
+  /** The system prompt (instructions). */
+  readonly system: string
+  /** The text of each user message that is not a tool result, in order (the first is the prompt). */
+  readonly userTexts: ReadonlyArray<string>
+  readonly toolResults: ReadonlyArray<SeenToolResult>
+  /** Every base64 PNG in the request (user messages and tool results), in order. */
+  readonly images: ReadonlyArray<string>
+  /** The names of the function tools offered. */
+  readonly tools: ReadonlyArray<string>
+  /** Whether the vendor's own web search tool was offered. */
+  readonly webSearch: boolean
+}
+
+/** `n` or 0. */
+export const n0 = (n: number | undefined): number => n ?? 0
+
+/** A request's body as a JSON object (`{}` when it is not one). */
+export const jsonBody = (request: RecordedRequest): Record<string, unknown> => {
+  try {
+    const parsed: unknown = JSON.parse(request.body)
+    return typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)
+      ? (parsed as Record<string, unknown>)
+      : {}
+  } catch {
+    return {}
+  }
+}
+
+/** `value` as an array of objects (anything else as empty). */
+export const objects = (value: unknown): Array<Record<string, unknown>> =>
+  Array.isArray(value)
+    ? value.filter((v): v is Record<string, unknown> => typeof v === "object" && v !== null)
+    : []
 
 /** How a vendor fake behaves around its routes. */
 export interface FakeOptions {
@@ -112,6 +190,8 @@ export const start = (options: FakeOptions): Effect.Effect<FakeControls, never, 
       for (const route of options.routes) {
         const match = request.method === route.method ? request.path.match(route.path) : null
         if (!match) continue
+        const invalid = route.validate?.(request)
+        if (invalid) return invalid
         const queued = queues.get(route.name)?.shift()
         return queued ?? route.handle(request, match)
       }

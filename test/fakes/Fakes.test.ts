@@ -1,7 +1,10 @@
 /**
  * The vendor fakes' scripting, checked with plain `fetch`: queued replies per route (what the
  * agent loop's tests will use for the chat endpoints), `failNext` counting, delays, event streams,
- * a dropped connection, the auth each vendor checks, and request recording.
+ * a dropped connection, the auth each vendor checks, request recording, the chat routes'
+ * validation of malformed requests, and the chat scripting helpers (`replyText`,
+ * `replyToolCalls`, `replyError`, `chats`). How the clients read these answers is checked in
+ * `core/vendors/Chat.test.ts`.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -29,16 +32,17 @@ describe("vendor fakes", () => {
         "anthropic-version": "2023-06-01",
         "content-type": "application/json",
       }
-      const post = () => call(`${fake.url}/v1/messages`, { method: "POST", headers, body: '{"model":"m"}' })
+      const body = '{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}'
+      const post = () => call(`${fake.url}/v1/messages`, { method: "POST", headers, body })
       expect(yield* post()).toMatchObject({ status: 200, text: '{"id":"msg_1","type":"message"}' })
       expect((yield* post()).status).toBe(529)
       const third = yield* post()
       expect(third.status).toBe(500)
       expect(JSON.parse(third.text)).toMatchObject({ type: "error", error: { type: "api_error" } })
       expect(fake.requests.map((r) => [r.method, r.path, r.body])).toEqual([
-        ["POST", "/v1/messages", '{"model":"m"}'],
-        ["POST", "/v1/messages", '{"model":"m"}'],
-        ["POST", "/v1/messages", '{"model":"m"}'],
+        ["POST", "/v1/messages", body],
+        ["POST", "/v1/messages", body],
+        ["POST", "/v1/messages", body],
       ])
     }),
   )
@@ -79,7 +83,11 @@ describe("vendor fakes", () => {
           { event: "response.completed", data: { type: "response.completed" } },
         ],
       })
-      const streamed = yield* call(`${fake.url}/v1/responses`, { method: "POST", headers: auth, body: "{}" })
+      const streamed = yield* call(`${fake.url}/v1/responses`, {
+        method: "POST",
+        headers: auth,
+        body: '{"model":"gpt-5","input":[]}',
+      })
       expect(streamed.type).toBe("text/event-stream")
       expect(streamed.text).toBe(
         'event: response.created\ndata: {"type":"response.created"}\n\n' +
@@ -129,7 +137,7 @@ describe("vendor fakes", () => {
       const generated = yield* call(`${fake.url}/v1beta/models/gemini-2.5-pro:generateContent`, {
         method: "POST",
         headers: { "x-goog-api-key": "k" },
-        body: "{}",
+        body: '{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}',
       })
       expect(generated).toMatchObject({ status: 200, text: '{"candidates":[]}' })
     }),
@@ -148,6 +156,125 @@ describe("vendor fakes", () => {
       fake.failNext(1, { drop: true })
       const dropped = yield* Effect.exit(call(`${fake.url}/v1/models`, { headers }))
       expect(dropped._tag).toBe("Failure")
+    }),
+  )
+
+  it.scoped("chat routes refuse malformed requests as the vendors do, before the queue", () =>
+    Effect.gen(function* () {
+      const openai = yield* OpenAiFake.make({ keys: ["k"] })
+      openai.replyText("never sent")
+      const orphan = yield* call(`${openai.url}/v1/responses`, {
+        method: "POST",
+        headers: { authorization: "Bearer k" },
+        body: JSON.stringify({
+          model: "gpt-5",
+          input: [{ type: "function_call_output", call_id: "c1", output: "x" }],
+        }),
+      })
+      expect(orphan.status).toBe(400)
+      expect(JSON.parse(orphan.text).error.message).toBe(
+        "No tool call found for function call output with call_id c1.",
+      )
+
+      const anthropic = yield* AnthropicFake.make({ keys: ["k"] })
+      const headers = { "x-api-key": "k", "anthropic-version": "2023-06-01" }
+      const post = (body: unknown) =>
+        call(`${anthropic.url}/v1/messages`, { method: "POST", headers, body: JSON.stringify(body) })
+      const user = { role: "user", content: "hi" }
+      expect((yield* post({ model: "m", messages: [user] })).status).toBe(400)
+      const thinking = yield* post({
+        model: "m",
+        max_tokens: 2000,
+        messages: [user],
+        thinking: { type: "enabled", budget_tokens: 4096 },
+      })
+      expect(JSON.parse(thinking.text).error.message).toContain("budget_tokens")
+      const unanswered = yield* post({
+        model: "m",
+        max_tokens: 10,
+        messages: [
+          user,
+          { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "bash", input: {} }] },
+          user,
+        ],
+      })
+      expect(JSON.parse(unanswered.text).error.message).toContain("without `tool_result` blocks")
+
+      const google = yield* GoogleFake.make({ keys: ["k"] })
+      const mismatch = yield* call(`${google.url}/v1beta/models/gemini-2.5-pro:generateContent`, {
+        method: "POST",
+        headers: { "x-goog-api-key": "k" },
+        body: JSON.stringify({
+          contents: [
+            { role: "user", parts: [{ text: "hi" }] },
+            {
+              role: "model",
+              parts: [{ functionCall: { name: "a", args: {} } }, { functionCall: { name: "b", args: {} } }],
+            },
+            { role: "user", parts: [{ functionResponse: { name: "a", response: { output: "" } } }] },
+          ],
+        }),
+      })
+      expect(mismatch.status).toBe(400)
+      expect(JSON.parse(mismatch.text).error.message).toContain("number of function response parts")
+    }),
+  )
+
+  it.scoped("the scripting helpers answer in each vendor's format and chats() reads what was sent", () =>
+    Effect.gen(function* () {
+      const openai = yield* OpenAiFake.make({ keys: ["k"] })
+      openai.replyToolCalls([{ name: "bash", arguments: { command: "ls" }, id: "call_x" }], {
+        input_tokens: 10,
+        cache_read_tokens: 4,
+        output_tokens: 3,
+        web_searches: 1,
+      })
+      openai.replyError(429, OpenAiFake.quotaBody())
+      const body = {
+        model: "gpt-5",
+        instructions: "sys",
+        input: [
+          { role: "user", content: [{ type: "input_text", text: "do it" }] },
+          { type: "function_call", call_id: "c0", name: "screenshot", arguments: "{}" },
+          {
+            type: "function_call_output",
+            call_id: "c0",
+            output: [{ type: "input_image", image_url: "data:image/png;base64,AAAA" }],
+          },
+        ],
+        tools: [{ type: "function", name: "bash" }, { type: "web_search" }],
+      }
+      const post = () =>
+        call(`${openai.url}/v1/responses`, {
+          method: "POST",
+          headers: { authorization: "Bearer k" },
+          body: JSON.stringify(body),
+        })
+      const first = JSON.parse((yield* post()).text)
+      expect(first.output.map((o: { type: string }) => o.type)).toEqual(["web_search_call", "function_call"])
+      expect(first.output[1]).toMatchObject({
+        call_id: "call_x",
+        name: "bash",
+        arguments: '{"command":"ls"}',
+      })
+      expect(first.usage).toMatchObject({
+        input_tokens: 14,
+        input_tokens_details: { cached_tokens: 4 },
+        output_tokens: 3,
+      })
+      const second = yield* post()
+      expect(second.status).toBe(429)
+      expect(JSON.parse(second.text).error.code).toBe("insufficient_quota")
+      expect(openai.lastChat()).toMatchObject({
+        model: "gpt-5",
+        system: "sys",
+        userTexts: ["do it"],
+        toolResults: [{ id: "c0", text: "", images: ["AAAA"], isError: false }],
+        images: ["AAAA"],
+        tools: ["bash"],
+        webSearch: true,
+      })
+      expect(openai.chats()).toHaveLength(2)
     }),
   )
 })

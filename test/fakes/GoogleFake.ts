@@ -4,11 +4,48 @@
  * takes), errors in Google's `{error: {code, message, status, details}}` shape (a wrong key is 400
  * `INVALID_ARGUMENT` with an `ErrorInfo` of reason `API_KEY_INVALID`; no key at all is 403
  * `PERMISSION_DENIED`). `POST /v1beta/models/{model}:generateContent` answers only from its queue
- * (`enqueue("generateContent", …)`) for the agent loop's tests.
+ * (`enqueue("generateContent", …)`).
+ *
+ * Scripting a model turn (each call queues one answer of `generateContent`, in order):
+ *
+ *     fake.replyText("Done.", { input_tokens: 100, output_tokens: 20 })
+ *     fake.replyToolCalls([{ name: "bash", arguments: { command: "ls" } }], { output_tokens: 5 })
+ *     fake.replyText("Found it.", { web_searches: 2 })   // groundingMetadata.webSearchQueries of 2
+ *     fake.replyToolCalls(calls, {}, { thoughtSignature: "sig-1" })  // on the first call part
+ *     fake.replyText("…", {}, { finishReason: "MAX_TOKENS" })
+ *     fake.replyError(503, GoogleFake.unavailable().json)
+ *
+ * Usage is given in `Chat.CallUsage` terms (`FakeUsage`) and written the Gemini way:
+ * `promptTokenCount` = input + cache reads, `cachedContentTokenCount` = cache reads,
+ * `candidatesTokenCount` = output (cache writes do not exist here and are dropped). Function calls
+ * carry no id, as the Gemini API sends them (give `id` in a `FakeCall` to send one).
+ *
+ * Reading what the agent sent: `fake.chats()` (every `generateContent` as a `SeenChat`: system
+ * prompt from `systemInstruction`, user texts, tool results from `functionResponse` parts (`id` is
+ * the function name, since Gemini has no call ids; `response.error` marks a failed tool) with the
+ * `inlineData` images of the same turn, every `inlineData` image, declared function names, whether
+ * `googleSearch` was offered, the raw `body`), `fake.lastChat()`.
+ *
+ * The route rejects, as Gemini does (400 `INVALID_ARGUMENT`), a body without `contents`, a turn
+ * without parts or with an empty text part (unless it carries a thought signature), and a user
+ * turn after function calls whose function responses do not match the calls in number.
  */
 import type { Scope } from "effect"
 import { Effect } from "effect"
-import { type FakeControls, pageOf, type Reply, start } from "./FakeServer.ts"
+import {
+  type FakeCall,
+  type FakeControls,
+  type FakeUsage,
+  jsonBody,
+  n0,
+  objects,
+  pageOf,
+  type RecordedRequest,
+  type Reply,
+  type SeenChat,
+  type SeenToolResult,
+  start,
+} from "./FakeServer.ts"
 
 /** A model as the fake lists it; `name` without the `models/` prefix is filled in. */
 export interface GoogleModel {
@@ -20,8 +57,178 @@ export interface GoogleModel {
   readonly thinking?: boolean
 }
 
+/** How a scripted turn looks beyond its text or calls. */
+export interface ReplyOptions {
+  /** A `thoughtSignature` on the first part (Gemini puts it on the first function call). */
+  readonly thoughtSignature?: string
+  /** A thought summary part (`thought: true`) first. */
+  readonly thought?: string
+  /** The candidate's `finishReason` (default `STOP`). */
+  readonly finishReason?: string
+  /** A text part before the function calls (`replyToolCalls`). */
+  readonly text?: string
+}
+
+/** `usageMetadata` as Gemini writes it. */
+export const usageBody = (u: FakeUsage = {}) => {
+  const prompt = n0(u.input_tokens) + n0(u.cache_read_tokens)
+  return {
+    promptTokenCount: prompt,
+    ...(n0(u.cache_read_tokens) > 0 ? { cachedContentTokenCount: n0(u.cache_read_tokens) } : {}),
+    candidatesTokenCount: n0(u.output_tokens),
+    totalTokenCount: prompt + n0(u.output_tokens),
+  }
+}
+
+/** A `generateContent` answer with `parts`. */
+export const contentReply = (
+  parts: ReadonlyArray<Record<string, unknown>>,
+  usage: FakeUsage = {},
+  options: ReplyOptions = {},
+): Reply => {
+  const all = [...(options.thought === undefined ? [] : [{ text: options.thought, thought: true }]), ...parts]
+  const signed = all.map((p, i) =>
+    i === (options.thought === undefined ? 0 : 1) && options.thoughtSignature !== undefined
+      ? { ...p, thoughtSignature: options.thoughtSignature }
+      : p,
+  )
+  const searches = n0(usage.web_searches)
+  return {
+    json: {
+      candidates: [
+        {
+          content: { role: "model", parts: signed },
+          finishReason: options.finishReason ?? "STOP",
+          index: 0,
+          ...(searches > 0
+            ? {
+                groundingMetadata: {
+                  webSearchQueries: Array.from({ length: searches }, (_, i) => `fake query ${i + 1}`),
+                  groundingChunks: [],
+                },
+              }
+            : {}),
+        },
+      ],
+      usageMetadata: usageBody(usage),
+      modelVersion: "gemini-fake",
+    },
+  }
+}
+
+/** A turn answering `text`. */
+export const textReply = (text: string, usage?: FakeUsage, options?: ReplyOptions): Reply =>
+  contentReply([{ text }], usage, options)
+
+/** A turn calling `calls`. */
+export const toolCallsReply = (
+  calls: ReadonlyArray<FakeCall>,
+  usage?: FakeUsage,
+  options?: ReplyOptions,
+): Reply =>
+  contentReply(
+    [
+      ...(options?.text === undefined ? [] : [{ text: options.text }]),
+      ...calls.map((c) => ({
+        functionCall: { ...(c.id === undefined ? {} : { id: c.id }), name: c.name, args: c.arguments },
+      })),
+    ],
+    usage,
+    options,
+  )
+
+/** A `generateContent` body, vendor-neutral. */
+export const seen = (request: RecordedRequest): SeenChat => {
+  const body = jsonBody(request)
+  const userTexts: Array<string> = []
+  const toolResults: Array<SeenToolResult> = []
+  const images: Array<string> = []
+  for (const content of objects(body.contents)) {
+    if (content.role !== "user") continue
+    const parts = objects(content.parts)
+    const shots = parts.flatMap((p) => {
+      const data = (p.inlineData as { data?: unknown } | undefined)?.data
+      return typeof data === "string" ? [data] : []
+    })
+    images.push(...shots)
+    const responses = parts.filter((p) => p.functionResponse !== undefined)
+    responses.forEach((p, i) => {
+      const r = p.functionResponse as { name?: unknown; response?: { output?: unknown; error?: unknown } }
+      const isError = r.response?.error !== undefined
+      toolResults.push({
+        id: String(r.name),
+        text: String(isError ? r.response?.error : (r.response?.output ?? "")),
+        // A turn's images go with its last function response.
+        images: i === responses.length - 1 ? shots : [],
+        isError,
+      })
+    })
+    const texts = parts.flatMap((p) => (typeof p.text === "string" ? [p.text] : []))
+    if (responses.length === 0 || texts.length > 0) userTexts.push(texts.join("\n"))
+  }
+  const system = objects((body.systemInstruction as { parts?: unknown } | undefined)?.parts)
+    .map((p) => String(p.text))
+    .join("\n")
+  const tools = objects(body.tools)
+  return {
+    body,
+    model: request.path.replace(/^\/v1beta\/models\//, "").replace(/:generateContent$/, ""),
+    system,
+    userTexts,
+    toolResults,
+    images,
+    tools: tools.flatMap((t) => objects(t.functionDeclarations).map((d) => String(d.name))),
+    webSearch: tools.some((t) => t.googleSearch !== undefined),
+  }
+}
+
+const validateGenerate = (request: RecordedRequest): Reply | undefined => {
+  const body = jsonBody(request)
+  const contents = objects(body.contents)
+  if (contents.length === 0)
+    return error(400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified")
+  for (const [i, content] of contents.entries()) {
+    const parts = objects(content.parts)
+    if (parts.length === 0)
+      return error(
+        400,
+        "INVALID_ARGUMENT",
+        `* GenerateContentRequest.contents[${i}].parts: contents.parts must not be empty.`,
+      )
+    if (parts.some((p) => p.text === "" && p.thoughtSignature === undefined)) {
+      return error(
+        400,
+        "INVALID_ARGUMENT",
+        "Unable to submit request because it has an empty text parameter. Add a value to the parameter and try again.",
+      )
+    }
+    if (i === 0 || content.role !== "user") continue
+    const before = objects(contents[i - 1]?.parts).filter((p) => p.functionCall !== undefined).length
+    if (before === 0) continue
+    const responses = objects(content.parts).filter((p) => p.functionResponse !== undefined).length
+    if (responses !== before) {
+      return error(
+        400,
+        "INVALID_ARGUMENT",
+        "Please ensure that the number of function response parts is equal to the number of function call parts of the function call turn.",
+      )
+    }
+  }
+  return undefined
+}
+
 /** The Google fake's controls. */
 export interface GoogleFake extends FakeControls {
+  /** Queues a turn answering `text`. */
+  readonly replyText: (text: string, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues a turn calling tools. */
+  readonly replyToolCalls: (calls: ReadonlyArray<FakeCall>, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues an error answer with `body` as sent (see `error(…).json`). */
+  readonly replyError: (status: number, body: unknown) => void
+  /** Every `generateContent` received, vendor-neutral. */
+  readonly chats: () => ReadonlyArray<SeenChat>
+  /** The last `generateContent` received (fails the test when there is none). */
+  readonly lastChat: () => SeenChat
   /** Replaces the models `GET /v1beta/models` lists. */
   readonly setModels: (models: ReadonlyArray<GoogleModel>) => void
   /** The most models one page holds, whatever `pageSize` asks (the real API's is 1000). */
@@ -123,9 +330,12 @@ export const make = (options: {
           method: "POST",
           path: /^\/v1beta\/models\/([^/:]+):generateContent$/,
           handle: () => noScript("generateContent"),
+          validate: validateGenerate,
         },
       ],
     })
+    const chats = () =>
+      controls.requests.filter((r) => r.method === "POST" && r.path.endsWith(":generateContent")).map(seen)
     return {
       ...controls,
       setModels: (list: ReadonlyArray<GoogleModel>) => {
@@ -134,5 +344,16 @@ export const make = (options: {
       setMaxPageSize: (n: number) => {
         maxPageSize = n
       },
-    }
+      replyText: (text, usage, options) =>
+        controls.enqueue("generateContent", textReply(text, usage, options)),
+      replyToolCalls: (calls, usage, options) =>
+        controls.enqueue("generateContent", toolCallsReply(calls, usage, options)),
+      replyError: (status, body) => controls.enqueue("generateContent", { status, json: body }),
+      chats,
+      lastChat: () => {
+        const last = chats().at(-1)
+        if (last === undefined) throw new Error("the Google fake received no generateContent")
+        return last
+      },
+    } satisfies GoogleFake
   })

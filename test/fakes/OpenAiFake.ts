@@ -2,12 +2,45 @@
  * A fake of OpenAI's API: `GET /v1/models` as the real one answers it, the key checked from
  * `Authorization: Bearer`, errors in OpenAI's `{error: {message, type, param, code}}` shape (a
  * wrong key is 401 `invalid_api_key` with the key echoed masked, as the real API does).
- * `POST /v1/responses` and `POST /v1/chat/completions` answer only from their queues
- * (`enqueue("responses", …)`, `enqueue("chat.completions", …)`) for the agent loop's tests.
+ * `POST /v1/responses` (the Responses API, what `core/vendors/OpenAi.ts` uses) and
+ * `POST /v1/chat/completions` answer only from their queues (`enqueue("responses", …)`,
+ * `enqueue("chat.completions", …)`).
+ *
+ * Scripting a model turn (each call queues one answer of `POST /v1/responses`, in order):
+ *
+ *     fake.replyText("Done.", { input_tokens: 100, output_tokens: 20 })
+ *     fake.replyToolCalls([{ name: "bash", arguments: { command: "ls" } }], { output_tokens: 5 })
+ *     fake.replyText("Found it.", { web_searches: 2 })            // two web_search_call items
+ *     fake.replyText("…", {}, { reasoning: "enc-1" })              // a reasoning item first
+ *     fake.replyError(429, OpenAiFake.quotaBody())                 // or fake.enqueue("responses", rateLimited())
+ *
+ * Usage is given in `Chat.CallUsage` terms (`FakeUsage`) and written the OpenAI way: `input_tokens`
+ * = input + cache reads, `input_tokens_details.cached_tokens` = cache reads (cache writes do not
+ * exist at OpenAI and are dropped). Call ids are `call_<n>` unless given.
+ *
+ * Reading what the agent sent: `fake.chats()` (every `POST /v1/responses` as a `SeenChat`: system
+ * prompt from `instructions`, user texts, tool results from `function_call_output` items (an
+ * `Error: ` prefix marks a failed tool), images from `input_image` data URLs, function tool names,
+ * whether `{type: "web_search"}` was offered, and the raw `body`), `fake.lastChat()`.
+ *
+ * The route rejects, as OpenAI does, a body without `model` or `input` and a `function_call_output`
+ * whose `call_id` matches no earlier `function_call`.
  */
 import type { Scope } from "effect"
 import { Effect } from "effect"
-import { type FakeControls, type Reply, start } from "./FakeServer.ts"
+import {
+  type FakeCall,
+  type FakeControls,
+  type FakeUsage,
+  jsonBody,
+  n0,
+  objects,
+  type RecordedRequest,
+  type Reply,
+  type SeenChat,
+  type SeenToolResult,
+  start,
+} from "./FakeServer.ts"
 
 /** A model as the fake lists it. */
 export interface OpenAiModel {
@@ -20,6 +53,174 @@ export interface OpenAiModel {
 export interface OpenAiFake extends FakeControls {
   /** Replaces the models `GET /v1/models` lists. */
   readonly setModels: (models: ReadonlyArray<string | OpenAiModel>) => void
+  /** Queues a turn answering `text`. */
+  readonly replyText: (text: string, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues a turn calling tools (with `text` from `options.text` before the calls, if any). */
+  readonly replyToolCalls: (calls: ReadonlyArray<FakeCall>, usage?: FakeUsage, options?: ReplyOptions) => void
+  /** Queues an error answer with `body` as sent (see `error`, `quotaBody`). */
+  readonly replyError: (status: number, body: unknown) => void
+  /** Every `POST /v1/responses` received, vendor-neutral. */
+  readonly chats: () => ReadonlyArray<SeenChat>
+  /** The last `POST /v1/responses` received (fails the test when there is none). */
+  readonly lastChat: () => SeenChat
+}
+
+/** How a scripted turn looks beyond its text or calls. */
+export interface ReplyOptions {
+  /** A `reasoning` item with this `encrypted_content` comes first (as with `include`). */
+  readonly reasoning?: string
+  /** Answer `status: "incomplete"`, `incomplete_details.reason: "max_output_tokens"`. */
+  readonly incomplete?: boolean
+  /** A message before the tool calls (`replyToolCalls`). */
+  readonly text?: string
+}
+
+let serial = 0
+const nextId = (prefix: string) => `${prefix}_${++serial}`
+
+/** `usage` as OpenAI writes it. */
+export const usageBody = (u: FakeUsage = {}) => {
+  const input = n0(u.input_tokens) + n0(u.cache_read_tokens)
+  return {
+    input_tokens: input,
+    input_tokens_details: { cached_tokens: n0(u.cache_read_tokens) },
+    output_tokens: n0(u.output_tokens),
+    output_tokens_details: { reasoning_tokens: 0 },
+    total_tokens: input + n0(u.output_tokens),
+  }
+}
+
+const message = (text: string) => ({
+  type: "message",
+  id: nextId("msg"),
+  status: "completed",
+  role: "assistant",
+  content: [{ type: "output_text", text, annotations: [] }],
+})
+
+/** A Responses API answer holding `output` after the reasoning and search items the options ask for. */
+export const responseReply = (
+  output: ReadonlyArray<unknown>,
+  usage: FakeUsage = {},
+  options: ReplyOptions = {},
+): Reply => ({
+  json: {
+    id: nextId("resp"),
+    object: "response",
+    created_at: 1_700_000_000,
+    status: options.incomplete ? "incomplete" : "completed",
+    incomplete_details: options.incomplete ? { reason: "max_output_tokens" } : null,
+    error: null,
+    model: "gpt-fake",
+    output: [
+      ...(options.reasoning === undefined
+        ? []
+        : [{ type: "reasoning", id: nextId("rs"), summary: [], encrypted_content: options.reasoning }]),
+      ...Array.from({ length: n0(usage.web_searches) }, (_, i) => ({
+        type: "web_search_call",
+        id: nextId("ws"),
+        status: "completed",
+        action: { type: "search", query: `fake query ${i + 1}` },
+      })),
+      ...output,
+    ],
+    usage: usageBody(usage),
+  },
+})
+
+/** A turn answering `text`. */
+export const textReply = (text: string, usage?: FakeUsage, options?: ReplyOptions): Reply =>
+  responseReply([message(text)], usage, options)
+
+/** A turn calling `calls`. */
+export const toolCallsReply = (
+  calls: ReadonlyArray<FakeCall>,
+  usage?: FakeUsage,
+  options?: ReplyOptions,
+): Reply =>
+  responseReply(
+    [
+      ...(options?.text === undefined ? [] : [message(options.text)]),
+      ...calls.map((c) => ({
+        type: "function_call",
+        id: nextId("fc"),
+        call_id: c.id ?? nextId("call"),
+        name: c.name,
+        arguments: JSON.stringify(c.arguments),
+        status: "completed",
+      })),
+    ],
+    usage,
+    options,
+  )
+
+/** The body of OpenAI's 429 when the account has no credit left (not a rate limit). */
+export const quotaBody = () => ({
+  error: {
+    message:
+      "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
+    type: "insufficient_quota",
+    param: null,
+    code: "insufficient_quota",
+  },
+})
+
+const stripDataUrl = (url: unknown) => (typeof url === "string" ? url.replace(/^data:[^;]*;base64,/, "") : "")
+
+/** A `POST /v1/responses` body, vendor-neutral. */
+export const seen = (request: RecordedRequest): SeenChat => {
+  const body = jsonBody(request)
+  const userTexts: Array<string> = []
+  const toolResults: Array<SeenToolResult> = []
+  const images: Array<string> = []
+  for (const item of objects(body.input)) {
+    if (item.role === "user") {
+      const content =
+        typeof item.content === "string"
+          ? [{ type: "input_text", text: item.content }]
+          : objects(item.content)
+      userTexts.push(content.flatMap((c) => (c.type === "input_text" ? [String(c.text)] : [])).join("\n"))
+      for (const c of content) if (c.type === "input_image") images.push(stripDataUrl(c.image_url))
+    } else if (item.type === "function_call_output") {
+      const parts =
+        typeof item.output === "string" ? [{ type: "input_text", text: item.output }] : objects(item.output)
+      const text = parts.flatMap((c) => (c.type === "input_text" ? [String(c.text)] : [])).join("\n")
+      const shots = parts.flatMap((c) => (c.type === "input_image" ? [stripDataUrl(c.image_url)] : []))
+      images.push(...shots)
+      toolResults.push({ id: String(item.call_id), text, images: shots, isError: text.startsWith("Error") })
+    }
+  }
+  const tools = objects(body.tools)
+  return {
+    body,
+    model: String(body.model),
+    system: typeof body.instructions === "string" ? body.instructions : "",
+    userTexts,
+    toolResults,
+    images,
+    tools: tools.flatMap((t) => (t.type === "function" ? [String(t.name)] : [])),
+    webSearch: tools.some((t) => t.type === "web_search"),
+  }
+}
+
+const validateResponses = (request: RecordedRequest): Reply | undefined => {
+  const body = jsonBody(request)
+  if (typeof body.model !== "string")
+    return error(400, "Missing required parameter: 'model'.", "invalid_request_error")
+  if (!Array.isArray(body.input))
+    return error(400, "Missing required parameter: 'input'.", "invalid_request_error")
+  const calls = new Set<string>()
+  for (const item of objects(body.input)) {
+    if (item.type === "function_call") calls.add(String(item.call_id))
+    if (item.type === "function_call_output" && !calls.has(String(item.call_id))) {
+      return error(
+        400,
+        `No tool call found for function call output with call_id ${String(item.call_id)}.`,
+        "invalid_request_error",
+      )
+    }
+  }
+  return undefined
 }
 
 /** An OpenAI error reply. */
@@ -92,7 +293,13 @@ export const make = (options: {
             },
           }),
         },
-        { name: "responses", method: "POST", path: /^\/v1\/responses$/, handle: () => noScript("responses") },
+        {
+          name: "responses",
+          method: "POST",
+          path: /^\/v1\/responses$/,
+          handle: () => noScript("responses"),
+          validate: validateResponses,
+        },
         {
           name: "chat.completions",
           method: "POST",
@@ -101,5 +308,20 @@ export const make = (options: {
         },
       ],
     })
-    return { ...controls, setModels }
+    const chats = () =>
+      controls.requests.filter((r) => r.method === "POST" && r.path === "/v1/responses").map(seen)
+    return {
+      ...controls,
+      setModels,
+      replyText: (text, usage, options) => controls.enqueue("responses", textReply(text, usage, options)),
+      replyToolCalls: (calls, usage, options) =>
+        controls.enqueue("responses", toolCallsReply(calls, usage, options)),
+      replyError: (status, body) => controls.enqueue("responses", { status, json: body }),
+      chats,
+      lastChat: () => {
+        const last = chats().at(-1)
+        if (last === undefined) throw new Error("the OpenAI fake received no POST /v1/responses")
+        return last
+      },
+    } satisfies OpenAiFake
   })
