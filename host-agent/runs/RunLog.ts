@@ -55,15 +55,17 @@ export const make = (options: {
       })
 
     const write = Effect.gen(function* () {
-      if (lines.length === 0) return
-      const taken = lines
+      // A count, not the array: lines appended while the part is stored stay for the next one.
+      const taken = lines.length
+      if (taken === 0) return
       const n = stored + 1
       const name = kvKeys.logPart(options.run, n)
       const logs = yield* ObjectStore.make(names.objects.logs.name)
-      yield* logs.put(name, Stream.make(Buffer.from(taken.join(""))).pipe(seal.seal(options.account, name)))
+      const data = Buffer.from(lines.slice(0, taken).join(""))
+      yield* logs.put(name, Stream.make(data).pipe(seal.seal(options.account, name)))
       yield* Mailbox.send(Run, options.run, { _tag: "LogPart", n }, { msgId: `${options.run}:log:${n}` })
       stored = n
-      lines = lines.slice(taken.length)
+      lines = lines.slice(taken)
     })
 
     const flush = write.pipe(
