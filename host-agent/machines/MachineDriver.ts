@@ -7,6 +7,7 @@
 
 import type { Scope } from "effect"
 import { Context, Data, Effect } from "effect"
+import ssh2 from "ssh2"
 
 /** A machine size name from the spec's size table. */
 export type SizeName = "s" | "m" | "l" | "xl"
@@ -130,3 +131,19 @@ export const guestSshdConfig = (listenAddress: string) =>
     "Subsystem sftp internal-sftp",
     "LogLevel ERROR",
   ].join("\n")}\n`
+
+/**
+ * A fresh ed25519 key pair (OpenSSH format) that ssh2 reads back. ssh2 1.17's generator strips
+ * every leading zero byte of the public key, so about one pair in 256 is malformed and the guest
+ * session could not connect (mscdex/ssh2#1513); such a pair is made again.
+ */
+export const newKeyPair = (): { readonly public: string; readonly private: string } => {
+  for (;;) {
+    const pair = ssh2.utils.generateKeyPairSync("ed25519")
+    if (
+      !(ssh2.utils.parseKey(pair.public) instanceof Error) &&
+      !(ssh2.utils.parseKey(pair.private) instanceof Error)
+    )
+      return pair
+  }
+}

@@ -44,7 +44,6 @@ import {
   Scope as ScopeOps,
   Stream,
 } from "effect"
-import ssh2 from "ssh2"
 import { Run } from "../../actors/run/Messages.ts"
 import * as Mailbox from "../../actors/runtime/Mailbox.ts"
 import { Scheduler, schedulerId } from "../../actors/scheduler/Messages.ts"
@@ -76,7 +75,7 @@ import { connect, type GuestSession } from "../guest/GuestSession.ts"
 import * as Inputs from "../guest/Inputs.ts"
 import * as Outputs from "../guest/Outputs.ts"
 import * as Setup from "../guest/Setup.ts"
-import { MachineDriver } from "../machines/MachineDriver.ts"
+import { MachineDriver, newKeyPair } from "../machines/MachineDriver.ts"
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as RunLog from "./RunLog.ts"
@@ -108,6 +107,8 @@ export interface RunMachine {
   readonly run: StoredRun
   /** Cancels one of the run's commands (queued or running); an ended or unknown one is left alone. */
   readonly cancel: (command: string, sequence: number) => Effect.Effect<void>
+  /** Adds a line to the run's log (from outside the machine: the agent's messages). */
+  readonly log: (kind: string, fields: Readonly<Record<string, unknown>>) => Effect.Effect<void>
   /**
    * Ends the machine (see the module doc); with `failure`, first tells the run actor it failed.
    * Runs once; a second call waits for the first.
@@ -325,8 +326,8 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
 
         const keys = {
-          client: ssh2.utils.generateKeyPairSync("ed25519"),
-          host: ssh2.utils.generateKeyPairSync("ed25519"),
+          client: newKeyPair(),
+          host: newKeyPair(),
         }
         const machine = yield* Effect.acquireRelease(
           driver.create({
@@ -719,5 +720,11 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         return teardown(failure)
       })
 
-    return { run, cancel, end, ended: Deferred.await(done) } satisfies RunMachine
+    return {
+      run,
+      cancel,
+      log: (kind, fields) => log.append(kind, fields),
+      end,
+      ended: Deferred.await(done),
+    } satisfies RunMachine
   })

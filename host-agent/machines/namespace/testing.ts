@@ -3,18 +3,15 @@
 import { randomBytes } from "node:crypto"
 import { readdir, readFile, stat } from "node:fs/promises"
 import { join } from "node:path"
-import ssh2 from "ssh2"
 import * as Policy from "../../network/Policy.ts"
+import { newKeyPair } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
 import { NamespaceDriverSettings } from "./NamespaceDriver.ts"
 import * as Net from "./Net.ts"
 
 /** A fresh client key pair and host key pair. */
-export const newKeys = () => ({
-  client: ssh2.utils.generateKeyPairSync("ed25519"),
-  host: ssh2.utils.generateKeyPairSync("ed25519"),
-})
+export const newKeys = () => ({ client: newKeyPair(), host: newKeyPair() })
 
 /** A machine id unique to this test run. */
 export const testId = (label: string) => `t${label}_${randomBytes(5).toString("hex")}`
