@@ -16,9 +16,9 @@ import {
   vendorKey,
 } from "../gateway/functions/testing.ts"
 import { routesFor } from "../gateway/openapi/OpenApi.ts"
-import { inputSchemaOf } from "../gateway/tools/Tools.ts"
 import { BashArguments } from "../schema/Command.ts"
 import { CreateFunctionRequest } from "../schema/Definition.ts"
+import { inputSchemaOf } from "../schema/Tools.ts"
 import * as AnthropicFake from "./fakes/AnthropicFake.ts"
 import * as GoogleFake from "./fakes/GoogleFake.ts"
 import * as OpenAiFake from "./fakes/OpenAiFake.ts"

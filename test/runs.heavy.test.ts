@@ -12,7 +12,7 @@
  */
 import { spawnSync } from "node:child_process"
 import { createPublicKey, verify } from "node:crypto"
-import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { mkdtemp, rm } from "node:fs/promises"
 import { createServer, type Server } from "node:https"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -33,6 +33,7 @@ import {
   waitCommand,
   waitRun,
 } from "./harness/Stack.ts"
+import { selfSigned } from "./harness/Tls.ts"
 
 const problems = (stack: Stack) =>
   stack.lines
@@ -40,33 +41,6 @@ const problems = (stack: Stack) =>
     .map((l) => `${l.role} ${l.line}`)
     .slice(-40)
     .join("\n")
-
-/** A self-signed certificate for 127.0.0.1 (openssl), in `dir`. */
-const selfSigned = async (dir: string) => {
-  const key = join(dir, "key.pem")
-  const cert = join(dir, "cert.pem")
-  const r = spawnSync("openssl", [
-    "req",
-    "-x509",
-    "-newkey",
-    "ec",
-    "-pkeyopt",
-    "ec_paramgen_curve:P-256",
-    "-nodes",
-    "-keyout",
-    key,
-    "-out",
-    cert,
-    "-days",
-    "1",
-    "-subj",
-    "/CN=127.0.0.1",
-    "-addext",
-    "subjectAltName=IP:127.0.0.1",
-  ])
-  if (r.status !== 0) throw new Error(`openssl: ${r.stderr.toString()}`)
-  return { key: await readFile(key), cert: await readFile(cert), certFile: cert }
-}
 
 interface Delivery {
   readonly id: string

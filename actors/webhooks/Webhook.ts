@@ -11,11 +11,10 @@
  *
  * One attempt: the URL must be `https:` (anything else gives up at once: retrying cannot help);
  * the host is resolved and every address must be public (`core/PublicAddress.ts`, unless
- * `allowPrivateTargets`), and the connection goes to the address that was checked (the request's
- * `lookup` is pinned to it, so TLS still checks the certificate against the host name and SNI
- * carries it). The body is POSTed with `content-type: application/json` and fresh Standard
- * Webhooks headers: the same `webhook-id` (the event id) every time, a new timestamp and signature
- * (the account's Ed25519 key, opened from the account actor's state; made on first use by asking the
+ * `allowPrivateTargets`), and the connection goes to the address that was checked
+ * (`core/PinnedPost.ts`: TLS still checks the certificate against the host name). The body is
+ * POSTed with `content-type: application/json` and fresh Standard Webhooks headers: the same
+ * `webhook-id` (the event id) every time, a new timestamp and signature (the account's Ed25519 key, opened from the account actor's state; made on first use by asking the
  * account actor). Redirects are not followed (a 3xx is a failed attempt). The whole attempt, from
  * resolving to the response's status line, is bounded by `answerTimeoutMs` (10 s).
  *
@@ -29,15 +28,14 @@
  * dedupe on. Failures to read the key or the run are `Retryable` (the message stays).
  */
 
-import type { LookupAddress } from "node:dns"
 import { readFileSync } from "node:fs"
-import { request } from "node:https"
 import { rootCertificates } from "node:tls"
 import { Clock, Data, Duration, Effect, Layer, Option } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import * as Links from "../../core/Links.ts"
 import { Nats } from "../../core/Nats.ts"
-import { type CheckedAddress, resolvePublic } from "../../core/PublicAddress.ts"
+import { postPinned } from "../../core/PinnedPost.ts"
+import { resolvePublic } from "../../core/PublicAddress.ts"
 import { Seal, type SealService } from "../../core/Seal.ts"
 import { Storage } from "../../core/Storage.ts"
 import { timestamp } from "../../schema/Common.ts"
@@ -95,55 +93,6 @@ export const loadCa = (settings: WebhookSettingsShape) =>
 
 /** The name a run's output archive is downloaded under. */
 export const outputFilename = (run: string) => `${run}.tar.gz`
-
-/**
- * POSTs `body` to `url`, connecting to `address` only; answers the status once the status line
- * arrives (the response body is not read). Interruption (the timeout) destroys the request.
- */
-const post = (
-  url: URL,
-  address: CheckedAddress,
-  headers: Record<string, string>,
-  body: string,
-  ca: ReadonlyArray<string> | undefined,
-) =>
-  Effect.async<number, AttemptFailed>((resume) => {
-    // Whatever the host name resolves to now, the connection goes to the checked address.
-    const pinned = (
-      _host: string,
-      options: { all?: boolean },
-      callback: (err: NodeJS.ErrnoException | null, found: string | LookupAddress[], family?: number) => void,
-    ) => {
-      if (options.all === true) callback(null, [{ address: address.address, family: address.family }])
-      else callback(null, address.address, address.family)
-    }
-    const req = request({
-      protocol: "https:",
-      hostname: url.hostname.replace(/^\[(.*)\]$/, "$1"),
-      port: url.port === "" ? 443 : Number(url.port),
-      path: `${url.pathname}${url.search}`,
-      method: "POST",
-      headers: {
-        ...headers,
-        "content-type": "application/json",
-        "content-length": String(Buffer.byteLength(body)),
-        "user-agent": "Hangar-Webhooks/1",
-      },
-      // biome-ignore lint/suspicious/noExplicitAny: node's overloaded lookup type.
-      lookup: pinned as any,
-      agent: false,
-      ...(ca === undefined ? {} : { ca: [...ca] }),
-    })
-    req.on("response", (res) => {
-      resume(Effect.succeed(res.statusCode ?? 0))
-      res.destroy()
-    })
-    req.on("error", (e: NodeJS.ErrnoException) =>
-      resume(Effect.fail(new AttemptFailed({ message: e.code ? `${e.code}: ${e.message}` : e.message }))),
-    )
-    req.end(body)
-    return Effect.sync(() => req.destroy())
-  })
 
 /** The webhook actor with its dependencies. */
 export const make = (deps: WebhookDeps) => {
@@ -222,7 +171,16 @@ export const make = (deps: WebhookDeps) => {
         const address = yield* resolvePublic(url.hostname, { allowPrivate: settings.allowPrivateTargets })
         const seconds = Math.floor((yield* Clock.currentTimeMillis) / 1000)
         const headers = signHeaders(key, d.event, seconds, body)
-        return yield* post(url, address, { ...headers }, body, ca)
+        const answer = yield* postPinned({
+          url,
+          address,
+          headers: { ...headers },
+          body,
+          userAgent: "Hangar-Webhooks/1",
+          maxBytes: 0,
+          ca,
+        })
+        return answer.status
       })
       return yield* send.pipe(
         Effect.timeoutFail({
