@@ -18,6 +18,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["actors", "actors.ts", []],
   ["machines", "machines.ts", ["10", "200"]],
   ["runs", "runs.ts", ["50", "200"]],
+  ["agent", "agent.ts", ["200"]],
   ["output-pack", "output-pack.ts", ["128"]],
   ["qemu", "qemu.ts", ["1", "20", "auto"]],
 ]

@@ -75,16 +75,22 @@ export const RunUsage = Schema.Struct({
 export type RunUsage = typeof RunUsage.Type
 
 /** The usage of a run that has not used anything yet. */
+/** The value of `kvKeys.lastRun` in KV `runs`: a function's newest run (written by the run actor). */
+export const LastRun = Schema.Struct({ run: RunId }).annotations({ identifier: "LastRun" })
+
+/** Model usage before any call. */
+export const emptyModelUsage: RunUsage["model"] = {
+  calls: 0,
+  input_tokens: 0,
+  cache_read_tokens: 0,
+  cache_write_tokens: 0,
+  output_tokens: 0,
+  web_searches: 0,
+}
+
 export const emptyUsage = (size: Size): RunUsage => ({
   compute: { size, seconds: 0 },
-  model: {
-    calls: 0,
-    input_tokens: 0,
-    cache_read_tokens: 0,
-    cache_write_tokens: 0,
-    output_tokens: 0,
-    web_searches: 0,
-  },
+  model: emptyModelUsage,
 })
 
 /**

@@ -27,6 +27,7 @@ export const kvBuckets = [
   "hosts",
   "uploads",
   "logins",
+  "agents",
 ] as const
 export type KvBucket = (typeof kvBuckets)[number]
 
@@ -89,6 +90,7 @@ export const retention = {
     hosts: 60_000, // a live host rewrites its record every 3 s; a crashed host's record ages out
     uploads: 30 * DAY_MS, // upload records, as long as the `files` objects they describe
     logins: DAY_MS, // CLI logins: approved or expired within 10 minutes, then only read for a while
+    agents: 30 * DAY_MS, // agent loops: removed when the run ends; what a crash left ages out with the run
   } satisfies Record<KvBucket, number>,
   streams: {
     MAILBOX: 0, // work queue: messages go when handled
@@ -208,6 +210,8 @@ export const kvKeys = {
   run: (account: string, run: string) => `${token(account)}.${token(run)}`,
   // <account>.*  (bucket `runs`: every run of an account)
   runsOf: (account: string) => `${token(account)}.*`,
+  // <account>.last.<function>  (bucket `runs`: the id of the function's newest run; `runsOf` skips it)
+  lastRun: (account: string, fn: string) => `${token(account)}.last.${token(fn)}`,
   // <run>.<seq>  (bucket `commands`)
   command: (run: string, seq: number) => `${token(run)}.${token(seq)}`,
   // <run>.*  (bucket `commands`: every command of a run)
@@ -216,6 +220,16 @@ export const kvKeys = {
   logPart: (run: string, n: number) => `${token(run)}.${token(n)}`,
   // <type>.<id>  (bucket `actors`)
   actor: (type: string, id: string) => `${token(type)}.${token(id)}`,
+  // r.<run>  (bucket `agents`: the run has an agent that should be working; written by the run actor)
+  agentRun: (run: string) => `r.${token(run)}`,
+  // l.<run>  (bucket `agents`: the lease of the worker running the run's loop)
+  agentLease: (run: string) => `l.${token(run)}`,
+  // c.<run>  (bucket `agents`: the head of the run's persisted conversation)
+  agentHead: (run: string) => `c.${token(run)}`,
+  // i.<run>.<n>.<part>  (bucket `agents`: part of the sealed conversation item n)
+  agentItem: (run: string, n: number, part: number) => `i.${token(run)}.${token(n)}.${token(part)}`,
+  // i.<run>.>  (bucket `agents`: every item part of a run)
+  agentItemsOf: (run: string) => `i.${token(run)}.>`,
   // datakey.<account>  (bucket `secrets`: the account's data key, wrapped by the master key)
   dataKey: (account: string) => `datakey.${token(account)}`,
 } as const

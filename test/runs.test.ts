@@ -271,6 +271,33 @@ describe("a run from publish to output", () => {
     expect(spawnSync("tar", ["-xzO", "-f", "-"], { input: archive.data }).stdout.toString()).toBe("late\n")
   }, 120_000)
 
+  it("GET /v1/functions shows each function's newest run, as GET /v1/runs/{id} does", async () => {
+    const fn = await publish(stack, acct, { name: "with-last" })
+    const other = await publish(stack, acct, { name: "never-run" })
+    const listed = async () => {
+      const list = expectStatus(await call(stack, "GET", "/v1/functions", acct.admin), 200, "functions")
+      return new Map<string, Json>(list.functions.map((f: Json) => [f.id, f]))
+    }
+    expect((await listed()).get(fn.function)?.last).toBeUndefined()
+    const first = (await startRun(stack, acct, fn.function)).id
+    await command(stack, acct, first, "finish", { state: "failed" })
+    await waitRun(stack, acct, first)
+    const second = (await startRun(stack, acct, fn.function)).id
+    await command(stack, acct, second, "bash", { command: "mkdir -p out && echo 2 > out/result.txt" })
+    await command(stack, acct, second, "finish", { state: "succeeded" })
+    const ended = await waitRun(stack, acct, second)
+    const now = await listed()
+    expect(now.get(other.function)?.last).toBeUndefined()
+    const last = now.get(fn.function)?.last
+    expect({ ...last, output: { ...last.output, url: undefined } }).toEqual({
+      ...ended,
+      output: { ...ended.output, url: undefined },
+    })
+    // Its output link works like the run's own.
+    const archive = await request(last.output.url)
+    expect(archive.status).toBe(200)
+  }, 120_000)
+
   it("finish as failed fails the run with no_submission and the detail", async () => {
     const fn = await publish(stack, acct)
     const run = (await startRun(stack, acct, fn.function)).id

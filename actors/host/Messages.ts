@@ -36,7 +36,18 @@ export const CancelCommand = Schema.TaggedStruct("CancelCommand", {
   sequence: IntAtLeast(1),
 })
 
-export const HostMessage = Schema.Union(Place, Stop, CancelCommand)
+/**
+ * A line for the run's log from outside the machine (the agent loop: the model's messages), kept
+ * by the run's log on this host as `{at, kind, ...fields}`; dropped when the run is not here.
+ */
+export const Log = Schema.TaggedStruct("Log", {
+  run: RunId,
+  kind: Schema.Literal("assistant", "compaction"),
+  fields: Schema.Record({ key: Schema.String, value: Schema.Unknown }),
+})
+export type Log = typeof Log.Type
+
+export const HostMessage = Schema.Union(Place, Stop, CancelCommand, Log)
 export type HostMessage = typeof HostMessage.Type
 
 /** The host actor as senders see it (no state kept by the runtime: the host agent holds it). */

@@ -10,6 +10,8 @@
  *   compare-and-set, and skipped when the stored `seq` is newer than the message being handled (a
  *   stale owner's late write loses). The same `seq` is written again: it is a retry of the same
  *   message, whose result is the one the runtime is about to store;
+ * - the function's newest run, `<account>.last.<function>` in KV `runs` (`Create`; the greatest
+ *   run id wins), which `GET /v1/functions` shows as `last`;
  * - command records in KV `commands` (`<run>.<sequence>`): created `queued` by `AddCommand`; set
  *   `cancelled` by `CancelCommand` (a queued run has no machine to ask) and, when the run ends, on
  *   every record not ended yet, by CAS on the revision read, so the host agent's own writes win
@@ -25,6 +27,11 @@
  * up to its charged minutes. Timeouts end at their deadline (a `timeout_minutes` run pays exactly
  * that many minutes; the `bill` timer never charges past it).
  *
+ * The agent (issue 8): when a run whose provider is not `none` is `Ready`, the handler creates
+ * `r.<run>` in KV `agents` (`{run, account}`; an existing record is left), which the agent
+ * supervisors of the actor workers watch to start its loop (`actors/agent/`); when the run ends it
+ * deletes the record, which stops the loop.
+ *
  * Credit and suspension are checked at every `bill` (once a minute, so well within the spec's 5
  * minutes): the account actor's stored balance, and the account record's `state`.
  */
@@ -37,18 +44,20 @@ import { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import { CommandRecord, endedCommandStates } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
-import type { EventId, LedgerEntryId, RunId } from "../../schema/Ids.ts"
+import { type EventId, type LedgerEntryId, noProvider, type RunId } from "../../schema/Ids.ts"
 import { minutePriceUsdNanos, overdraftUsdNanos, sizes } from "../../schema/Limits.ts"
 import {
   apiRun,
   emptyUsage,
   endedRunStates,
+  LastRun,
   type RunFailure,
   type StoredOutput,
   StoredRun,
 } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { Account, type AccountActorState, type Charge } from "../account/Messages.ts"
+import { AgentRun } from "../agent/Store.ts"
 import { Host } from "../host/Messages.ts"
 import * as Actor from "../runtime/Actor.ts"
 import * as State from "../runtime/State.ts"
@@ -134,6 +143,45 @@ export const make = (deps: RunDeps) => {
   const runsKv = provide(Kv.make(names.kv.runs.name, StoredRun))
   const commandsKv = provide(Kv.make(names.kv.commands.name, CommandRecord))
   const accountsKv = provide(Kv.make(names.kv.accounts.name, AccountRecordSchema))
+  const agentsKv = provide(Kv.make(names.kv.agents.name, AgentRun))
+  const lastRunKv = provide(Kv.make(names.kv.runs.name, LastRun))
+  const hasAgent = (run: StoredRun) => run.provider !== noProvider
+
+  /** Starts the run's agent: its record in KV `agents` (left as it is when it exists). */
+  const startAgent = (run: StoredRun) =>
+    Effect.flatMap(agentsKv, (kv) =>
+      kv.create(kvKeys.agentRun(run.id), { run: run.id, account: run.account }),
+    ).pipe(
+      Effect.catchTag("StateConflict", () => Effect.void),
+      Effect.asVoid,
+      Effect.mapError(retryable("starting the agent")),
+    )
+
+  /** Stops the run's agent: its record goes (idempotent). */
+  const stopAgent = (run: StoredRun) =>
+    Effect.flatMap(agentsKv, (kv) => kv.delete(kvKeys.agentRun(run.id))).pipe(
+      Effect.mapError(retryable("stopping the agent")),
+    )
+
+  /**
+   * Points the function's `last` (`<account>.last.<function>`) at `run` unless a newer run is
+   * there: run ids are time-ordered, so the greatest id is the newest run (CAS, retried on races
+   * between runs of the same function).
+   */
+  const noteLast = (run: StoredRun) =>
+    Effect.gen(function* () {
+      const kv = yield* lastRunKv
+      const key = kvKeys.lastRun(run.account, run.function)
+      for (let attempt = 0; ; attempt++) {
+        const found = yield* kv.get(key).pipe(Effect.catchTag("KvValueInvalid", () => Effect.succeedNone))
+        if (Option.isSome(found) && found.value.value.run >= run.id) return
+        const written = yield* Effect.either(
+          kv.update(key, { run: run.id }, Option.isSome(found) ? found.value.revision : 0),
+        )
+        if (Either.isRight(written)) return
+        if (!isConflict(written.left) || attempt >= 4) return yield* Effect.fail(written.left)
+      }
+    }).pipe(Effect.mapError(retryable("writing the function's last run")))
 
   /** Writes the projection unless a newer one is stored (see the module comment). */
   const project = (run: StoredRun) =>
@@ -292,6 +340,7 @@ export const make = (deps: RunDeps) => {
         )
       }
       yield* cancelOpenCommands(s, run.id, endedAt)
+      if (hasAgent(run)) yield* stopAgent(run)
       yield* project(stored)
       yield* Effect.logInfo("run ended").pipe(
         Effect.annotateLogs({ run: run.id, state: e.state, failure: e.failure ?? "-", minutes: charged }),
@@ -335,6 +384,7 @@ export const make = (deps: RunDeps) => {
           const created = queuedRun(m, ctx.seq)
           ctx.schedule(timers.queue, Date.parse(m.created_at) + queueTimeoutMs, { _tag: "QueueTimeout" })
           yield* project(created)
+          yield* noteLast(created)
           yield* Effect.logInfo("run queued").pipe(Effect.annotateLogs({ run: m.id, account: m.account }))
           return {
             state: { ...s, run: created, rate_usd_nanos_per_gib_hour: computeRate },
@@ -478,6 +528,7 @@ export const make = (deps: RunDeps) => {
 
         case "Ready":
           yield* Effect.logInfo("run ready").pipe(Effect.annotateLogs({ run: ctx.id }))
+          if (run !== undefined && run.state === "running" && hasAgent(run)) yield* startAgent(run)
           return { state: s }
 
         case "Succeed":

@@ -27,6 +27,7 @@ import { type AccountKey, type AccountPerson, actorOf } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
+import { lastRuns, linkBase } from "../runs/Runs.ts"
 import { definitionBodyLimit, orInternal, resolveDefinition } from "./Definitions.ts"
 
 type Member = AccountPerson | AccountKey
@@ -70,14 +71,22 @@ export const routes = [
       method: "GET",
       path: "/v1/functions",
       access: "member",
-      handler: ({ principal }) =>
+      handler: ({ principal, headers }) =>
         Effect.gen(function* () {
           const functions = yield* Functions
           const all = yield* orInternal(functions.list(principal.account.id))
-          // `last` joins here once runs exist.
-          const items = all
-            .filter((f) => mayRead(principal, f.function.id))
-            .map((f) => ({ ...f.function, definition: f.definition }))
+          const visible = all.filter((f) => mayRead(principal, f.function.id))
+          const last = yield* orInternal(
+            lastRuns(
+              principal.account.id,
+              visible.map((f) => f.function.id),
+              yield* linkBase(headers),
+            ),
+          )
+          const items = visible.map((f) => {
+            const run = last.get(f.function.id)
+            return { ...f.function, definition: f.definition, ...(run === undefined ? {} : { last: run }) }
+          })
           return json({ functions: items })
         }),
     }),

@@ -11,6 +11,7 @@ import { Effect, Exit, Layer, Scope } from "effect"
 import type { AccountRecord } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
+import * as Links from "../../core/Links.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import * as Nats from "../../core/Nats.ts"
 import * as Storage from "../../core/Storage.ts"
@@ -27,6 +28,7 @@ import { uniquePrefix } from "../../test/harness/names.ts"
 import { hashToken, newToken } from "../auth/KeyTokens.ts"
 import { personToken, startGateway as startSharedGateway, type TestGateway } from "../auth/testing.ts"
 import type { Route } from "../Router.ts"
+import { storeLayer as runStoreLayer } from "../runs/Runs.ts"
 import { layer as groupLayer } from "./group.ts"
 
 export type { TestGateway } from "../auth/testing.ts"
@@ -44,9 +46,14 @@ export const startGateway = (
 ): Promise<TestGateway> =>
   startSharedGateway(routes, {
     ...options,
-    services: groupLayer.pipe(
-      Layer.provide(MasterKey.layerMemory()),
-      Layer.provide(VendorSettings.layer({ timeoutMs: 5_000, ...options.vendors })),
+    services: Layer.mergeAll(
+      groupLayer.pipe(
+        Layer.provide(MasterKey.layerMemory()),
+        Layer.provide(VendorSettings.layer({ timeoutMs: 5_000, ...options.vendors })),
+      ),
+      // The function list shows each function's last run, with its output link.
+      runStoreLayer,
+      Links.layer.pipe(Layer.provideMerge(Links.LinkSettings.layer({ keyFile: `${options.keyFile}.links` }))),
     ),
   })
 

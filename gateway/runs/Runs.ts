@@ -10,6 +10,9 @@
  * `state`, a run key's functions) are applied to the values. Cost: one key listing of the
  * account's runs of the last 30 days (retention) and, per page, the values read until it is full;
  * an index per function would be the next step if accounts keep very many runs.
+ *
+ * A function's last run (`GET /v1/functions`): the run actor keeps `<account>.last.<function>`
+ * pointing at the function's newest run (`LastRun`), so the listing reads two keys per function.
  */
 import { Context, Effect, Layer, Option, Schema } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
@@ -19,7 +22,7 @@ import type { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { RunId } from "../../schema/Ids.ts"
-import { apiRun, type Run, type RunStateFilter, StoredRun } from "../../schema/Run.ts"
+import { apiRun, LastRun, type Run, type RunStateFilter, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import type { AccountKey, AccountPerson } from "../auth/Access.ts"
 import { orInternal, publicBase } from "../uploads/Create.ts"
@@ -45,6 +48,26 @@ export const storeLayer: Layer.Layer<RunStore, unknown, Nats | Storage> = Layer.
   RunStore,
   Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.runs.name, StoredRun)),
 )
+
+/** The newest run of each of `functions` the account has (absent: none kept), as the API shows it. */
+export const lastRuns = (account: string, functions: ReadonlyArray<string>, base: string) =>
+  Effect.gen(function* () {
+    const runs = yield* RunStore
+    const { names } = yield* Storage
+    const pointers = yield* Kv.make(names.kv.runs.name, LastRun)
+    const found = yield* Effect.forEach(
+      functions,
+      (fn) =>
+        Effect.gen(function* () {
+          const pointer = yield* pointers.get(kvKeys.lastRun(account, fn))
+          if (Option.isNone(pointer)) return undefined
+          const run = yield* runs.get(kvKeys.run(account, pointer.value.value.run))
+          return Option.isNone(run) ? undefined : yield* showRun(run.value.value, base)
+        }),
+      { concurrency: 16 },
+    )
+    return new Map(functions.flatMap((fn, i) => (found[i] === undefined ? [] : [[fn, found[i]] as const])))
+  })
 
 /** Whoever calls a run route. */
 export type Member = AccountPerson | AccountKey

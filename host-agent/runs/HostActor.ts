@@ -14,6 +14,8 @@
  *                  scheduler `Freed`). For a run this process does not hold, only `Freed` (the
  *                  machine is gone either way, and the scheduler must not count it).
  *   CancelCommand  cancels one command through the run's machine.
+ *   Log            a line for the run's log from the agent loop (the model's messages); dropped
+ *                  when the run's machine is not held here.
  *
  * Ending a machine and cancelling run beside the consumer, so one slow machine never holds up the
  * host's other messages. Every message sent carries a deterministic id (`<run>:started`,
@@ -181,6 +183,11 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
                   Effect.interruptible(machine.cancel(message.command, message.sequence)),
                   scope,
                 )
+              return
+            }
+            case "Log": {
+              const machine = held.get(message.run)
+              if (machine !== undefined) yield* machine.log(message.kind, message.fields)
               return
             }
           }
