@@ -526,6 +526,31 @@ describe("screenshots, web search and compaction", () => {
     ])
   }, 120_000)
 
+  it("a read of a JPEG reaches the model as a JPEG", async () => {
+    // SOI, a baseline frame header of 1x1 pixels, EOI: what `read` looks at to call it an image.
+    const JPEG = "/9j/wAALCAABAAEBAREA/9k="
+    const fn = await agentFunction()
+    const from = openai.chats().length
+    openai.replyToolCalls([
+      { id: "make", name: "bash", arguments: { command: `printf '%s' '${JPEG}' | base64 -d > /tmp/p.jpg` } },
+    ])
+    openai.replyToolCalls([{ id: "look", name: "read", arguments: { file_path: "/tmp/p.jpg" } }])
+    openai.replyToolCalls([
+      {
+        id: "w",
+        name: "bash",
+        arguments: { command: "mkdir -p /workspace/out && echo seen > /workspace/out/result.txt" },
+      },
+      { id: "s", name: "submit_result", arguments: { summary: "looked" } },
+    ])
+    const started = await startRun(stack, acct, fn.function)
+    await ended(started.id, "succeeded")
+    const chats = chatsSince(from)
+    const look = chats[2]!.toolResults.find((t) => t.id === "look")!
+    expect(look).toMatchObject({ images: [JPEG], isError: false })
+    expect(JSON.stringify(chats[2]!.body)).toContain(`data:image/jpeg;base64,${JPEG}`)
+  }, 120_000)
+
   it("compacts at compact_at_tokens and goes on from the summary", async () => {
     const fn = await agentFunction()
     const from = openai.chats().length

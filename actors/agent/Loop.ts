@@ -63,14 +63,15 @@ import type { ProvidersService } from "../../core/Providers.ts"
 import type { SealService } from "../../core/Seal.ts"
 import type { SecretsService } from "../../core/Secrets.ts"
 import type { Storage } from "../../core/Storage.ts"
-import type {
-  ChatError,
-  ChatReply,
-  ChatRequest,
-  ChatService,
-  Item,
-  Part,
-  ToolCall,
+import {
+  type ChatError,
+  type ChatReply,
+  type ChatRequest,
+  type ChatService,
+  type Item,
+  isImageType,
+  type Part,
+  type ToolCall,
 } from "../../core/vendors/Chat.ts"
 import { vendorLabel } from "../../core/vendors/Errors.ts"
 import { type CommandKind, CommandRecord, endedCommandStates } from "../../schema/Command.ts"
@@ -174,10 +175,11 @@ export const resultParts = (
     if (typeof result.output === "string") return { content: [text(result.output)], isError: false }
     if (typeof result.image_url === "string") {
       const match = /^data:(image\/[a-z]+);base64,(.*)$/s.exec(result.image_url)
-      if (match?.[1] === "image/png")
-        return { content: [{ type: "image", media_type: "image/png", data: match[2]! }], isError: false }
+      const type = match?.[1]
+      if (type !== undefined && isImageType(type))
+        return { content: [{ type: "image", media_type: type, data: match![2]! }], isError: false }
       return {
-        content: [text(`an image of type ${match?.[1] ?? "unknown"} cannot be shown (PNG only)`)],
+        content: [text(`an image of type ${type ?? "unknown"} cannot be shown`)],
         isError: true,
       }
     }

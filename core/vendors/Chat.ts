@@ -18,12 +18,16 @@ import { Context, type Effect, type Redacted, Schema } from "effect"
 import { Vendor } from "../../schema/Provider.ts"
 import type { VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
 
-/** A piece of content: text, or a PNG image (a screenshot) as base64. */
+/** The image types a `read` returns and all three vendors take. */
+export const ImageType = Schema.Literal("image/png", "image/jpeg", "image/gif", "image/webp")
+export const isImageType = Schema.is(ImageType)
+
+/** A piece of content: text, or an image (a screenshot, a `read` of an image file) as base64. */
 export const Part = Schema.Union(
   Schema.Struct({ type: Schema.Literal("text"), text: Schema.String }),
   Schema.Struct({
     type: Schema.Literal("image"),
-    media_type: Schema.Literal("image/png"),
+    media_type: ImageType,
     data: Schema.String,
   }),
 )
