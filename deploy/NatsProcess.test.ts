@@ -1,3 +1,4 @@
+import { spawnSync } from "node:child_process"
 import { mkdtemp, readdir, rm } from "node:fs/promises"
 import { connect } from "node:net"
 import { tmpdir } from "node:os"
@@ -81,6 +82,40 @@ describe("NatsProcess", () => {
       yield* NatsProcess.start({ storeDir, syncAlways: false })
       const entries = yield* Effect.promise(() => readdir(storeDir))
       expect(entries).toContain("jetstream")
+    }),
+  )
+
+  it.scoped("a process that exits without closing the scope takes its server with it", () =>
+    Effect.gen(function* () {
+      const storeDir = yield* tempDir
+      // A script that starts a server, prints its pid, and exits at once (as a script's
+      // `process.exit` or a test worker at its timeout would), never closing the scope.
+      const child = spawnSync(
+        process.execPath,
+        [
+          "--import",
+          "tsx",
+          "--input-type=module",
+          "-e",
+          [
+            'import { Effect, Scope } from "effect"',
+            `import * as NatsProcess from ${JSON.stringify(join(import.meta.dirname, "NatsProcess.ts"))}`,
+            "const scope = Effect.runSync(Scope.make())",
+            `const server = await Effect.runPromise(Scope.extend(NatsProcess.start({ storeDir: ${JSON.stringify(storeDir)}, syncAlways: false }), scope))`,
+            "console.log(server.pid)",
+            "process.exit(0)",
+          ].join("\n"),
+        ],
+        { cwd: join(import.meta.dirname, ".."), encoding: "utf8" },
+      )
+      const pid = Number(child.stdout.trim())
+      expect(pid, child.stderr).toBeGreaterThan(0)
+      // SIGKILL is delivered at once; the server is gone (or a zombie reaped by init) right after.
+      const gone = yield* Effect.promise(async () => {
+        for (let i = 0; i < 100 && alive(pid); i++) await new Promise((r) => setTimeout(r, 20))
+        return !alive(pid)
+      })
+      expect(gone).toBe(true)
     }),
   )
 })

@@ -17,6 +17,14 @@ import type { Scope } from "effect"
 import { Clock, Data, Duration, Effect, Option, Schedule } from "effect"
 import { natsServerPath } from "./tools.mjs"
 
+// Servers this process started and has not stopped yet. A process that exits without closing
+// their scopes (`process.exit` in a script, a test worker ended at its timeout) kills them on its
+// way out, so no nats-server outlives the process that owned it.
+const running = new Set<ChildProcess>()
+process.once("exit", () => {
+  for (const child of running) child.kill("SIGKILL")
+})
+
 /** How to start one nats-server. */
 export interface NatsProcessOptions {
   /** JetStream store directory (created if missing; kept on release). */
@@ -174,10 +182,17 @@ export const start = (
 
     const child = yield* Effect.acquireRelease(
       Effect.try({
-        try: () => spawn(binary, ["-c", configPath], { stdio: ["ignore", "ignore", "pipe"] }),
+        try: () => {
+          const spawned = spawn(binary, ["-c", configPath], { stdio: ["ignore", "ignore", "pipe"] })
+          running.add(spawned)
+          return spawned
+        },
         catch: (e) => fail(`cannot spawn ${binary}: ${String(e)}`),
       }),
-      (child) => stop(child, options.stopTimeout ?? Duration.seconds(10)),
+      (child) =>
+        stop(child, options.stopTimeout ?? Duration.seconds(10)).pipe(
+          Effect.ensuring(Effect.sync(() => running.delete(child))),
+        ),
     )
     child.stderr?.setEncoding("utf8")
     child.stderr?.on("data", (chunk: string) => {
