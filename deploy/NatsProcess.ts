@@ -9,6 +9,7 @@
  * log) is kept for error messages.
  */
 import { type ChildProcess, spawn } from "node:child_process"
+import { rmSync } from "node:fs"
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { connect } from "node:net"
 import { tmpdir } from "node:os"
@@ -17,12 +18,15 @@ import type { Scope } from "effect"
 import { Clock, Data, Duration, Effect, Option, Schedule } from "effect"
 import { natsServerPath } from "./tools.mjs"
 
-// Servers this process started and has not stopped yet. A process that exits without closing
-// their scopes (`process.exit` in a script, a test worker ended at its timeout) kills them on its
-// way out, so no nats-server outlives the process that owned it.
-const running = new Set<ChildProcess>()
+// Servers this process started and has not stopped yet, with their config folders. A process
+// that exits without closing their scopes (`process.exit` in a script, a test worker ended at its
+// timeout) kills them and removes the folders on its way out, so nothing outlives it.
+const running = new Map<ChildProcess, string>()
 process.once("exit", () => {
-  for (const child of running) child.kill("SIGKILL")
+  for (const [child, runDir] of running) {
+    child.kill("SIGKILL")
+    rmSync(runDir, { recursive: true, force: true })
+  }
 })
 
 /** How to start one nats-server. */
@@ -184,7 +188,7 @@ export const start = (
       Effect.try({
         try: () => {
           const spawned = spawn(binary, ["-c", configPath], { stdio: ["ignore", "ignore", "pipe"] })
-          running.add(spawned)
+          running.set(spawned, runDir)
           return spawned
         },
         catch: (e) => fail(`cannot spawn ${binary}: ${String(e)}`),
