@@ -7,14 +7,10 @@
  * Through HTTP against the whole stack with no host agent: runs stay `queued`, so their commands
  * stay `queued` until cancelled (the run actor cancels them itself, having no machine to ask).
  */
-import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import * as Kv from "../../core/Kv.ts"
-import { Storage } from "../../core/Storage.ts"
-import type { BaseInfo } from "../../schema/Base.ts"
-import { HostRecord } from "../../schema/Host.ts"
 import {
   type Answer,
+  advertiseBase,
   call,
   createAccount,
   expectStatus,
@@ -55,36 +51,9 @@ const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): P
   return { authorization: `Bearer ${made.token}` }
 }
 
-/**
- * No host agent runs here, so the bases `POST /v1/functions` checks against come from a host
- * record listing the test base, live for an hour (no host ever takes a run: none is running).
- */
-const putHost = () =>
-  stack.run(
-    Effect.gen(function* () {
-      const { names } = yield* Storage
-      const kv = yield* Kv.make(names.kv.hosts.name, HostRecord)
-      const at = new Date(Date.now() + 3_600_000).toISOString()
-      yield* kv.put("host_commands_test", {
-        id: "host_commands_test" as HostRecord["id"],
-        driver: "namespace",
-        vcpus: 2,
-        memory_mib: 4096,
-        bases: [
-          { name: stack.base.name as BaseInfo["name"], sha256: stack.base.sha256, bytes: stack.base.bytes },
-        ],
-        started_at: at,
-        heartbeat_at: at,
-        machines: [],
-        free_vcpus: 2,
-        free_memory_mib: 4096,
-      })
-    }),
-  )
-
 beforeAll(async () => {
   stack = await startStack({ noHost: true, settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES } })
-  await putHost()
+  await advertiseBase(stack, "host_commands_test")
   a = await createAccount(stack, { name: "alpha", memoryMib: 65_536 })
   b = await createAccount(stack, { name: "beta" })
   fn = await publish(stack, a, { name: "commands" })

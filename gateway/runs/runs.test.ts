@@ -12,19 +12,17 @@ import * as AccountClient from "../../actors/account/Client.ts"
 import { Run as RunActor } from "../../actors/run/Messages.ts"
 import { Mailbox } from "../../actors/runtime/Mailbox.ts"
 import * as Keyring from "../../core/Keyring.ts"
-import * as Kv from "../../core/Kv.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import * as ObjectStore from "../../core/ObjectStore.ts"
 import * as SealStream from "../../core/SealStream.ts"
 import { Storage } from "../../core/Storage.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
-import type { BaseInfo } from "../../schema/Base.ts"
-import { HostRecord } from "../../schema/Host.ts"
 import type { RunId } from "../../schema/Ids.ts"
 import type { StoredOutput } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import {
   type Answer,
+  advertiseBase,
   call,
   createAccount,
   credit,
@@ -44,30 +42,6 @@ import {
 } from "../../test/harness/Stack.ts"
 
 let stack: Stack
-
-// Publishing checks the base against live hosts; no host agent runs, so a record lists the base.
-const putHost = () =>
-  stack.run(
-    Effect.gen(function* () {
-      const { names } = yield* Storage
-      const kv = yield* Kv.make(names.kv.hosts.name, HostRecord)
-      const at = new Date(Date.now() + 3_600_000).toISOString()
-      yield* kv.put("host_runs_flows", {
-        id: "host_runs_flows" as HostRecord["id"],
-        driver: "namespace",
-        vcpus: 0,
-        memory_mib: 0,
-        bases: [
-          { name: stack.base.name as BaseInfo["name"], sha256: stack.base.sha256, bytes: stack.base.bytes },
-        ],
-        started_at: at,
-        heartbeat_at: at,
-        machines: [],
-        free_vcpus: 0,
-        free_memory_mib: 0,
-      })
-    }),
-  )
 
 const wrappedKeys = Layer.unwrapEffect(
   Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
@@ -116,7 +90,7 @@ const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): P
 
 beforeAll(async () => {
   stack = await startStack({ noHost: true })
-  await putHost()
+  await advertiseBase(stack, "host_runs_flows")
 }, 120_000)
 
 afterAll(async () => {

@@ -8,12 +8,9 @@ import { Effect, Option } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as AccountClient from "../../actors/account/Client.ts"
 import * as Accounts from "../../core/Accounts.ts"
-import * as Kv from "../../core/Kv.ts"
-import { Storage } from "../../core/Storage.ts"
-import type { BaseInfo } from "../../schema/Base.ts"
-import { HostRecord } from "../../schema/Host.ts"
 import {
   type Answer,
+  advertiseBase,
   call,
   createAccount,
   expectStatus,
@@ -79,36 +76,9 @@ const expectNothingChanged = async (account: TestAccount, balance?: number) => {
   if (balance !== undefined) expect(state.balance_usd_nanos).toBe(balance)
 }
 
-/**
- * No host agent runs here (nothing needs a machine), so the bases `POST /v1/functions` checks
- * against come from a host record listing the test base, live for an hour.
- */
-const putHost = () =>
-  stack.run(
-    Effect.gen(function* () {
-      const { names } = yield* Storage
-      const kv = yield* Kv.make(names.kv.hosts.name, HostRecord)
-      const at = new Date(Date.now() + 3_600_000).toISOString()
-      yield* kv.put("host_runs_test", {
-        id: "host_runs_test" as HostRecord["id"],
-        driver: "namespace",
-        vcpus: 2,
-        memory_mib: 4096,
-        bases: [
-          { name: stack.base.name as BaseInfo["name"], sha256: stack.base.sha256, bytes: stack.base.bytes },
-        ],
-        started_at: at,
-        heartbeat_at: at,
-        machines: [],
-        free_vcpus: 2,
-        free_memory_mib: 4096,
-      })
-    }),
-  )
-
 beforeAll(async () => {
   stack = await startStack({ noHost: true, settings: { RUN_ASK_TIMEOUT_MS: 3000 } })
-  await putHost()
+  await advertiseBase(stack, "host_runs_test")
   a = await createAccount(stack, { name: "alpha" })
   b = await createAccount(stack, { name: "beta" })
   plain = await publish(stack, a, { name: "plain" })

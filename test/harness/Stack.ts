@@ -47,9 +47,10 @@ import * as AccountClient from "../../actors/account/Client.ts"
 import * as Actors from "../../actors/main.ts"
 import * as Accounts from "../../core/Accounts.ts"
 import * as Connected from "../../core/Connected.ts"
+import * as Kv from "../../core/Kv.ts"
 import * as Log from "../../core/Log.ts"
 import * as Nats from "../../core/Nats.ts"
-import type { Storage } from "../../core/Storage.ts"
+import { type Storage, Storage as StorageTag } from "../../core/Storage.ts"
 import { personToken } from "../../gateway/auth/testing.ts"
 import * as Gateway from "../../gateway/main.ts"
 import { type Base, ensureTestBase } from "../../host-agent/bases/Bases.ts"
@@ -57,6 +58,8 @@ import * as NamespaceDriver from "../../host-agent/machines/namespace/NamespaceD
 import { leftovers } from "../../host-agent/machines/namespace/testing.ts"
 import * as HostAgent from "../../host-agent/main.ts"
 import { derivedId } from "../../host-agent/registry/HostSettings.ts"
+import type { BaseInfo } from "../../schema/Base.ts"
+import { HostRecord } from "../../schema/Host.ts"
 import { startNatsServer } from "./NatsServer.ts"
 import { uniquePrefix } from "./names.ts"
 
@@ -422,6 +425,33 @@ export const expectStatus = (answer: Answer, status: number, what: string): Json
 }
 
 const usdNanos = (usd: number) => Math.round(usd * 1e9)
+
+/**
+ * For a stack without a host agent (`noHost`): a host record listing the test base, live for an
+ * hour, so `POST /v1/functions` accepts the base. It offers no vCPUs, so no run is ever placed.
+ */
+export const advertiseBase = (stack: Stack, id: string) =>
+  stack.run(
+    Effect.gen(function* () {
+      const { names } = yield* StorageTag
+      const kv = yield* Kv.make(names.kv.hosts.name, HostRecord)
+      const at = new Date(Date.now() + 3_600_000).toISOString()
+      yield* kv.put(id, {
+        id: id as HostRecord["id"],
+        driver: "namespace",
+        vcpus: 0,
+        memory_mib: 0,
+        bases: [
+          { name: stack.base.name as BaseInfo["name"], sha256: stack.base.sha256, bytes: stack.base.bytes },
+        ],
+        started_at: at,
+        heartbeat_at: at,
+        machines: [],
+        free_vcpus: 0,
+        free_memory_mib: 0,
+      })
+    }),
+  )
 
 /**
  * A new account as `hangar admin create-account` makes it, credited `creditUsd` dollars as
