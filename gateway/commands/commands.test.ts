@@ -9,14 +9,15 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import {
-  type Answer,
   advertiseBase,
   call,
   createAccount,
+  expectRefused,
   expectStatus,
   type Headers,
   type Json,
   publish,
+  runKey,
   type Stack,
   startRun,
   startStack,
@@ -36,21 +37,6 @@ let runKeyOther: Headers // a run key of a for `otherFn` only
 let run: string // a queued run of `fn`
 let otherRun: string // a queued run of `otherFn`
 
-const expectRefused = (answer: Answer, status: number, code: string, field?: string) => {
-  expect({ status: answer.status, code: answer.body?.code }).toEqual({ status, code })
-  if (field !== undefined)
-    expect(answer.body.error).toMatch(new RegExp(`^${field.replace(/[[\].]/g, "\\$&")}: `))
-}
-
-const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): Promise<Headers> => {
-  const made = expectStatus(
-    await call(stack, "POST", "/v1/keys", account.owner, { name: "ci", scope: "run", functions }),
-    201,
-    "POST /v1/keys",
-  )
-  return { authorization: `Bearer ${made.token}` }
-}
-
 beforeAll(async () => {
   stack = await startStack({ noHost: true, settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES } })
   await advertiseBase(stack, "host_commands_test")
@@ -58,8 +44,8 @@ beforeAll(async () => {
   b = await createAccount(stack, { name: "beta" })
   fn = await publish(stack, a, { name: "commands" })
   otherFn = await publish(stack, a, { name: "other" })
-  runKeyThis = await runKey(a, [fn.function])
-  runKeyOther = await runKey(a, [otherFn.function])
+  runKeyThis = await runKey(stack, a, [fn.function])
+  runKeyOther = await runKey(stack, a, [otherFn.function])
   run = (await startRun(stack, a, fn.function)).id
   otherRun = (await startRun(stack, a, otherFn.function)).id
 }, 120_000)

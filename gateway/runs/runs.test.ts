@@ -21,16 +21,17 @@ import type { RunId } from "../../schema/Ids.ts"
 import type { StoredOutput } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import {
-  type Answer,
   advertiseBase,
   call,
   createAccount,
   credit,
+  expectRefused,
   expectStatus,
   getRun,
   type Headers,
   type Json,
   publish,
+  runKey,
   type Stack,
   setLimits,
   startRun,
@@ -75,18 +76,6 @@ const fail = (run: string) =>
     { _tag: "Fail", failure: "no_submission", detail: "finished as failed: test", at: at() },
     `fail:${run}`,
   )
-
-const expectRefused = (answer: Answer, status: number, code: string) =>
-  expect({ status: answer.status, code: answer.body?.code }).toEqual({ status, code })
-
-const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): Promise<Headers> => {
-  const made = expectStatus(
-    await call(stack, "POST", "/v1/keys", account.owner, { name: "ci", scope: "run", functions }),
-    201,
-    "POST /v1/keys",
-  )
-  return { authorization: `Bearer ${made.token}` }
-}
 
 beforeAll(async () => {
   stack = await startStack({ noHost: true })
@@ -179,7 +168,7 @@ describe("starting", () => {
   })
 
   it("a run key naming the function starts it; the key is the creator", async () => {
-    const key = await runKey(a, [fn.function])
+    const key = await runKey(stack, a, [fn.function])
     const answer = await startRunAnswer(stack, a, fn.function, {}, key)
     expect(answer.status).toBe(201)
     expect(answer.body.created_by).toMatch(/^key_/)
@@ -295,7 +284,7 @@ describe("listing", () => {
   })
 
   it("a run key sees only its functions' runs", async () => {
-    const key = await runKey(l, [f2.function])
+    const key = await runKey(stack, l, [f2.function])
     expect((await pages(`function=${f2.function}`, key)).ids).toEqual(
       all.filter((r) => r.function === f2.function).map((r) => r.id),
     )

@@ -9,14 +9,15 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as AccountClient from "../../actors/account/Client.ts"
 import * as Accounts from "../../core/Accounts.ts"
 import {
-  type Answer,
   advertiseBase,
   call,
   createAccount,
+  expectRefused,
   expectStatus,
   type Headers,
   type Json,
   publish,
+  runKey,
   type Stack,
   setAccountState,
   startRunAnswer,
@@ -34,12 +35,6 @@ let otherFn: Json // a function of account b
 let runKeyOther: Headers // a run key of a that may start only `needsInput`
 let inputB: string // a complete upload of b
 
-const expectRefused = (answer: Answer, status: number, code: string, field?: string) => {
-  expect({ status: answer.status, code: answer.body?.code }).toEqual({ status, code })
-  if (field !== undefined)
-    expect(answer.body.error).toMatch(new RegExp(`^${field.replace(/[[\]]/g, "\\$&")}: `))
-}
-
 const setSizes = (account: string, sizes: ReadonlyArray<string>, memoryMib?: number) =>
   stack.run(
     Effect.gen(function* () {
@@ -56,15 +51,6 @@ const setSizes = (account: string, sizes: ReadonlyArray<string>, memoryMib?: num
       })
     }),
   )
-
-const runKey = async (account: TestAccount, functions: ReadonlyArray<string>): Promise<Headers> => {
-  const made = expectStatus(
-    await call(stack, "POST", "/v1/keys", account.owner, { name: "ci", scope: "run", functions }),
-    201,
-    "POST /v1/keys",
-  )
-  return { authorization: `Bearer ${made.token}` }
-}
 
 /** Nothing a refused start could leave: no run listed, no memory held, the balance unchanged. */
 const expectNothingChanged = async (account: TestAccount, balance?: number) => {
@@ -84,7 +70,7 @@ beforeAll(async () => {
   plain = await publish(stack, a, { name: "plain" })
   needsInput = await publish(stack, a, { name: "needs-input", input_manifest: [{ path: "data.csv" }] })
   otherFn = await publish(stack, b, { name: "other" })
-  runKeyOther = await runKey(a, [needsInput.function])
+  runKeyOther = await runKey(stack, a, [needsInput.function])
   inputB = await upload(stack, b, Buffer.from("x\n"))
 }, 120_000)
 

@@ -424,6 +424,28 @@ export const expectStatus = (answer: Answer, status: number, what: string): Json
   return answer.body
 }
 
+/** Throws unless the answer is the spec's refusal `status` / `code`, its message naming `field` when given. */
+export const expectRefused = (answer: Answer, status: number, code: string, field?: string): void => {
+  if (answer.status !== status || answer.body?.code !== code)
+    throw new Error(`expected ${status} ${code}, got ${answer.status} ${answer.text}`)
+  if (field !== undefined && !String(answer.body.error).startsWith(`${field}: `))
+    throw new Error(`expected the message to name ${field}: ${answer.body.error}`)
+}
+
+/** A run key of `account` for `functions` (`*` = all), as its headers. */
+export const runKey = async (
+  stack: Stack,
+  account: TestAccount,
+  functions: ReadonlyArray<string>,
+): Promise<Headers> => {
+  const made = expectStatus(
+    await call(stack, "POST", "/v1/keys", account.owner, { name: "ci", scope: "run", functions }),
+    201,
+    "POST /v1/keys",
+  )
+  return { authorization: `Bearer ${made.token}` }
+}
+
 const usdNanos = (usd: number) => Math.round(usd * 1e9)
 
 /**
