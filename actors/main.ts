@@ -17,7 +17,7 @@ import type { Nats } from "../core/Nats.ts"
 import * as Providers from "../core/Providers.ts"
 import * as Seal from "../core/Seal.ts"
 import * as Secrets from "../core/Secrets.ts"
-import { Storage } from "../core/Storage.ts"
+import type { Storage } from "../core/Storage.ts"
 import * as ChatClient from "../core/vendors/ChatClient.ts"
 import { VendorSettings } from "../core/vendors/Vendors.ts"
 import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
@@ -35,12 +35,9 @@ import * as WebhookActor from "./webhooks/Webhook.ts"
 
 // The account actor seals webhook private keys under the account's data key, wrapped by the same
 // master key and kept in the same `secrets` bucket as the gateway's secrets.
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
 const sealLayer = Seal.layer.pipe(
   Layer.provide(Keyring.layer),
-  Layer.provide(Layer.merge(MasterKey.layer, wrappedKeys)),
+  Layer.provide(Layer.merge(MasterKey.layer, WrappedKeyStore.layerStorage)),
   Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),
 )
 

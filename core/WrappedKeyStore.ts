@@ -7,6 +7,7 @@ import { Context, Data, Effect, Layer, Option, Schema } from "effect"
 import { kvKeys, storageNames } from "../schema/Subjects.ts"
 import * as Kv from "./Kv.ts"
 import type { Nats, NatsError } from "./Nats.ts"
+import { Storage } from "./Storage.ts"
 
 /** The store could not be read or written (the bus is down, the bucket is missing). Retryable. */
 export class KeyStoreFailed extends Data.TaggedError("KeyStoreFailed")<{
@@ -93,3 +94,8 @@ export const makeKv = (
 
 /** The KV store as a layer (needs `Nats`; the bucket must exist). */
 export const layerKv = (bucket?: string) => Layer.effect(WrappedKeyStore, makeKv(bucket))
+
+/** The KV store in this process's storage (its `secrets` bucket, prefixed in tests). */
+export const layerStorage: Layer.Layer<WrappedKeyStore, NatsError, Nats | Storage> = Layer.unwrapEffect(
+  Effect.map(Storage, ({ names }) => layerKv(names.kv.secrets.name)),
+)

@@ -21,7 +21,7 @@ import type { Nats } from "../core/Nats.ts"
 import * as Seal from "../core/Seal.ts"
 import * as SealStream from "../core/SealStream.ts"
 import * as Secrets from "../core/Secrets.ts"
-import { Storage } from "../core/Storage.ts"
+import type { Storage } from "../core/Storage.ts"
 import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
 import { BasesSettings } from "./bases/Bases.ts"
 import * as NamespaceDriver from "./machines/namespace/NamespaceDriver.ts"
@@ -48,11 +48,8 @@ const driver = Layer.unwrapEffect(
   ),
 )
 
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
 const keyring = Keyring.layer.pipe(
-  Layer.provide(Layer.merge(MasterKey.layer, wrappedKeys)),
+  Layer.provide(Layer.merge(MasterKey.layer, WrappedKeyStore.layerStorage)),
   Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),
 )
 const sealing = Layer.merge(SealStream.layer, Seal.layer).pipe(Layer.provide(keyring))

@@ -21,14 +21,10 @@ let stack: Stack
 let a: TestAccount
 let b: TestAccount
 
-// The stack's own keys (master key and link key files in its folder), as every role reads them.
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
 const services = Layer.mergeAll(
   SealStream.layer.pipe(
     Layer.provide(Keyring.layer),
-    Layer.provide(Layer.merge(MasterKey.layer, wrappedKeys)),
+    Layer.provide(Layer.merge(MasterKey.layer, WrappedKeyStore.layerStorage)),
     Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),
   ),
   Links.layer.pipe(Layer.provide(Links.LinkSettings.layerFromEnv)),

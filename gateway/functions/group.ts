@@ -3,14 +3,13 @@
  * its handlers use: the function, provider and secret stores, the bases listing, the vendors, and
  * sealing (the keyring's wrapped data keys in KV `secrets`).
  */
-import { Effect, Layer } from "effect"
+import { Layer } from "effect"
 import * as Functions from "../../core/Functions.ts"
 import * as Keyring from "../../core/Keyring.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import * as Providers from "../../core/Providers.ts"
 import * as Seal from "../../core/Seal.ts"
 import * as Secrets from "../../core/Secrets.ts"
-import { Storage } from "../../core/Storage.ts"
 import * as Vendors from "../../core/vendors/Vendors.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import * as Bases from "../bases/Bases.ts"
@@ -31,13 +30,11 @@ export const routes = [
   ...Tools.routes,
 ]
 
-// The wrapped data keys live in this storage's `secrets` bucket (prefixed in tests).
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
-
 /** `Seal` over the keyring, with data keys wrapped by the master key and kept in KV. */
-export const sealLayer = Seal.layer.pipe(Layer.provide(Keyring.layer), Layer.provide(wrappedKeys))
+export const sealLayer = Seal.layer.pipe(
+  Layer.provide(Keyring.layer),
+  Layer.provide(WrappedKeyStore.layerStorage),
+)
 
 /** The services of the group's handlers; needs NATS, the storage map, the master key and vendor settings. */
 export const layer = Layer.mergeAll(

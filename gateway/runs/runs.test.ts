@@ -44,12 +44,9 @@ import {
 
 let stack: Stack
 
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
 const sealLayer = SealStream.layer.pipe(
   Layer.provide(Keyring.layer),
-  Layer.provide(Layer.merge(MasterKey.layer, wrappedKeys)),
+  Layer.provide(Layer.merge(MasterKey.layer, WrappedKeyStore.layerStorage)),
   Layer.provide(MasterKey.MasterKeySettings.layerFromEnv),
 )
 

@@ -3,11 +3,10 @@
  * it stands on: the link signer, the upload records, the `files` object store and streaming
  * encryption (keyring over the master key and the wrapped keys in KV `secrets`).
  */
-import { Effect, Layer } from "effect"
+import { Layer } from "effect"
 import * as Keyring from "../../core/Keyring.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import * as SealStream from "../../core/SealStream.ts"
-import { Storage } from "../../core/Storage.ts"
 import * as Uploads from "../../core/Uploads.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import { createRoute } from "./Create.ts"
@@ -16,11 +15,6 @@ import { filesLayer, putRoute } from "./Put.ts"
 
 /** The group's routes. */
 export const routes = [createRoute, putRoute]
-
-// The wrapped data keys live in this storage's `secrets` bucket (prefixed in tests).
-const wrappedKeys = Layer.unwrapEffect(
-  Effect.map(Storage, ({ names }) => WrappedKeyStore.layerKv(names.kv.secrets.name)),
-)
 
 /**
  * What the routes need beyond the auth step, given NATS, the storage map, `UploadSettings`,
@@ -32,7 +26,7 @@ export const layerServices = Layer.mergeAll(
   filesLayer,
   SealStream.layer.pipe(
     Layer.provide(Keyring.layer),
-    Layer.provide(Layer.merge(MasterKey.layer, wrappedKeys)),
+    Layer.provide(Layer.merge(MasterKey.layer, WrappedKeyStore.layerStorage)),
   ),
 )
 
