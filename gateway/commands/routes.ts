@@ -7,9 +7,9 @@
  *   GET  /v1/runs/{id}/commands/{cid}/output?after=&wait=   a ≤ 512 KiB window of its output
  *   POST /v1/runs/{id}/commands/{cid}/cancel     200 record, once it ended (or after ~10 s)
  *
- * Access is "key able to start the function, or member" (`RunAccess.ts`): the `member` label,
- * then a run key only for runs of the functions it names (403 `key_scope`); a run of another
- * account is 404. Creating is refused with 409 `run_ended` once the run has ended.
+ * Access is "key able to start the function, or member" (`readRun` of `../runs/Runs.ts`): the
+ * `member` label, then a run key only for runs of the functions it names (403 `key_scope`); a run
+ * of another account, or an id that is no run id, is 404. Creating is refused with 409 `run_ended` once the run has ended.
  *
  * Decisions:
  * - `since` and `sequence` count changes with the `commands` bucket's revisions: a record's
@@ -49,12 +49,13 @@ import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import type { CommandId } from "../../schema/Ids.ts"
 import { endedRunStates } from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
+import { RunStore, readRun as runFor, storeLayer } from "../runs/Runs.ts"
 import { CommandRouteSettings, decodeQuery, upTo } from "./LongPoll.ts"
 import * as Records from "./Records.ts"
-import { readRun, runFor } from "./RunAccess.ts"
 
 // The command, or 404 (an id that is not a command of this run, whatever else it is).
 const commandOf = (run: string, cid: string) =>
@@ -178,7 +179,10 @@ export const routes = [
             read = yield* Records.changedAfter(run.id, since, settings.listMaxBytes)
           }
           // After the records: the state is never older than the changes returned.
-          const now = yield* readRun(run.account, run.id)
+          const now = Option.map(
+            yield* (yield* RunStore).get(kvKeys.run(run.account, run.id)),
+            (e) => e.value,
+          )
           const list: CommandList = {
             commands: read.entries.map((e) => e.value),
             state: Option.match(now, { onNone: () => run.state, onSome: (r) => r.state }),
@@ -267,5 +271,8 @@ export const routes = [
   ),
 ]
 
-/** The group's services: a mailbox client to ask run actors, and the settings from `HANGAR_*` variables. */
-export const layerFromEnv = Layer.mergeAll(mailboxLayer, CommandRouteSettings.layerFromEnv)
+/**
+ * The group's services: a mailbox client to ask run actors, the runs bucket (who may reach a run is
+ * the runs group's rule, `readRun`), and the settings from `HANGAR_*` variables.
+ */
+export const layerFromEnv = Layer.mergeAll(mailboxLayer, storeLayer, CommandRouteSettings.layerFromEnv)
