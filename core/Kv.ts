@@ -7,12 +7,14 @@
  * instead of throwing, so one bad record cannot crash a reader.
  */
 
-import type { JetStreamClient } from "@nats-io/jetstream"
+import { type JetStreamClient, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
+import { headers as natsHeaders } from "@nats-io/transport-node"
 import type { Scope } from "effect"
-import { Data, Effect, Option, Schema, Stream } from "effect"
+import { Data, Effect, Either, Option, Schema, Stream } from "effect"
 import { attempt, Nats, NatsError } from "./Nats.ts"
+import { publishVia } from "./Stream.ts"
 
 /**
  * A compare-and-set write lost: the key already existed (`create`) or its revision was no longer
@@ -108,6 +110,9 @@ export interface Kv<A> {
 
 const CONFLICT_CODES = new Set([10071, 10164])
 
+/** The keys `@nats-io/kv` accepts (no wildcards, no empty tokens at the ends). */
+const validKey = /^[-/=.\w]+$/
+
 const isConflict = (error: NatsError): boolean => {
   const cause = error.cause as { code?: unknown; message?: unknown } | undefined
   return (
@@ -164,23 +169,33 @@ export const make = <A, I>(
   schema: Schema.Schema<A, I>,
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
   Effect.gen(function* () {
-    const { js, connection } = yield* Nats
+    const { js, connection, requests } = yield* Nats
     const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const json = Schema.parseJson(schema)
-    const encodeJson = Schema.encode(json)
-    const decodeJson = Schema.decode(json)
-    const textEncoder = new TextEncoder()
+    // Synchronous codecs (our schemas have no async parts): no fiber steps per value.
+    const encodeJson = Schema.encodeEither(json)
+    const decodeJson = Schema.decodeEither(json)
     const textDecoder = new TextDecoder()
 
-    const encode = (key: string, value: A) =>
-      encodeJson(value).pipe(
-        Effect.map((text) => textEncoder.encode(text)),
-        Effect.mapError((e) => new KvValueInvalid({ bucket, key, direction: "encode", message: e.message })),
+    const encode = (key: string, value: A): Either.Either<string, KvValueInvalid> =>
+      Either.mapLeft(
+        encodeJson(value),
+        (e) => new KvValueInvalid({ bucket, key, direction: "encode", message: e.message }),
       )
-    const decode = (key: string, bytes: Uint8Array) =>
-      decodeJson(textDecoder.decode(bytes)).pipe(
-        Effect.mapError((e) => new KvValueInvalid({ bucket, key, direction: "decode", message: e.message })),
+    const decode = (key: string, bytes: Uint8Array): Either.Either<A, KvValueInvalid> =>
+      Either.mapLeft(
+        decodeJson(textDecoder.decode(bytes)),
+        (e) => new KvValueInvalid({ bucket, key, direction: "decode", message: e.message }),
       )
+    // What `@nats-io/kv` writes: the key's subject in the bucket's stream, the expected revision
+    // as `Nats-Expected-Last-Subject-Sequence`. Written through the shared inbox (`core/Requests.ts`).
+    const write = (operation: string, key: string, text: string, revision?: number) => {
+      if (key.startsWith(".") || key.endsWith(".") || !validKey.test(key))
+        return Effect.fail(new NatsError({ operation, message: `invalid key: ${key}` }))
+      const h = natsHeaders()
+      if (revision !== undefined) h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${revision}`)
+      return Effect.map(publishVia(requests, operation, `$KV.${bucket}.${key}`, text, h), (ack) => ack.seq)
+    }
     const conflictOr =
       (key: string, expectedRevision: number) =>
       (error: NatsError): Effect.Effect<never, StateConflict | NatsError> =>
@@ -204,14 +219,14 @@ export const make = <A, I>(
     const update: Kv<A>["update"] = (key, value, revision) =>
       revision === 0
         ? create(key, value)
-        : Effect.flatMap(encode(key, value), (bytes) =>
-            attempt(`kv.update ${bucket}`, () => kv.update(key, bytes, revision)).pipe(
+        : Effect.flatMap(encode(key, value), (text) =>
+            write(`kv.update ${bucket}`, key, text, revision).pipe(
               Effect.catchAll(conflictOr(key, revision)),
             ),
           )
 
     const put: Kv<A>["put"] = (key, value) =>
-      Effect.flatMap(encode(key, value), (bytes) => attempt(`kv.put ${bucket}`, () => kv.put(key, bytes)))
+      Effect.flatMap(encode(key, value), (text) => write(`kv.put ${bucket}`, key, text))
 
     const del: Kv<A>["delete"] = (key, options) =>
       attempt(`kv.delete ${bucket}`, () =>

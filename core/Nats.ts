@@ -11,6 +11,7 @@ import type { NatsConnection } from "@nats-io/transport-node"
 import { connect, credsAuthenticator, tokenAuthenticator } from "@nats-io/transport-node"
 import { Clock, Config, Context, Data, Duration, Effect, Layer, Option, Redacted } from "effect"
 import { defineSettings, env } from "./Config.ts"
+import { make as makeRequests, type Requests } from "./Requests.ts"
 
 /** Connection settings (`HANGAR_NATS_URL`, `HANGAR_NATS_NAME`, `HANGAR_NATS_CREDENTIALS`, `HANGAR_NATS_TOKEN`). */
 export interface NatsSettingsShape {
@@ -64,6 +65,8 @@ export interface NatsClients {
   readonly connection: NatsConnection
   readonly js: JetStreamClient
   readonly jsm: JetStreamManager
+  /** Request-reply through the connection's shared inbox (JetStream publishes, asks). */
+  readonly requests: Requests
 }
 
 /** The process's NATS connection. */
@@ -103,7 +106,12 @@ export const make = Effect.gen(function* () {
   )
   const js = jetstream(connection)
   const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection))
-  return { connection, js, jsm } satisfies NatsClients
+  // Released before the drain above: waiting requests fail at once instead of at their deadline.
+  const requests = yield* Effect.acquireRelease(
+    Effect.sync(() => makeRequests(connection)),
+    (r) => Effect.sync(() => r.close()),
+  )
+  return { connection, js, jsm, requests } satisfies NatsClients
 })
 
 /** The connection as a layer, configured by `NatsSettings`. */

@@ -3,9 +3,11 @@
  * `Nats-Msg-Id`, so a retried publish within the stream's duplicate window is stored once and
  * acknowledged as a duplicate of the first.
  */
-import { headers as natsHeaders } from "@nats-io/transport-node"
+import { PubHeaders } from "@nats-io/jetstream"
+import { type Msg, type MsgHdrs, headers as natsHeaders } from "@nats-io/transport-node"
 import { Duration, Effect } from "effect"
-import { attempt, Nats, type NatsError } from "./Nats.ts"
+import { attempt, Nats, type NatsClients, NatsError } from "./Nats.ts"
+import type { Requests } from "./Requests.ts"
 
 /** How to publish one message. */
 export interface PublishOptions {
@@ -35,25 +37,84 @@ export interface PublishAck {
 const ttlOf = (ttl: Duration.DurationInput): string =>
   `${Math.max(1, Math.ceil(Duration.toMillis(Duration.decode(ttl)) / 1000))}s`
 
+/** How long a publish waits for the stream's acknowledgement (the client's default). */
+const PUBLISH_TIMEOUT_MS = 5_000
+
+const textDecoder = new TextDecoder()
+
+/**
+ * The stream's answer to a publish: its acknowledgement, or its refusal as a `NatsError` whose
+ * `cause` carries the JetStream error code (`{ code: 10071 }` is a wrong last sequence).
+ */
+export const ackOf = (operation: string, reply: Msg): Effect.Effect<PublishAck, NatsError> => {
+  let body: {
+    stream?: string
+    seq?: number
+    duplicate?: boolean
+    error?: { code?: number; err_code?: number; description?: string }
+  }
+  try {
+    body = JSON.parse(textDecoder.decode(reply.data))
+  } catch (cause) {
+    return Effect.fail(new NatsError({ operation, message: "unreadable acknowledgement", cause }))
+  }
+  if (body.error !== undefined) {
+    const { code, err_code, description } = body.error
+    return Effect.fail(
+      new NatsError({
+        operation,
+        message: description ?? "refused",
+        cause: { code: err_code, status: code },
+      }),
+    )
+  }
+  if (typeof body.stream !== "string" || typeof body.seq !== "number")
+    return Effect.fail(new NatsError({ operation, message: "invalid acknowledgement" }))
+  return Effect.succeed({ stream: body.stream, seq: body.seq, duplicate: body.duplicate === true })
+}
+
+/**
+ * Publishes with the given headers through the connection's shared inbox and waits for the stream's
+ * acknowledgement. For the `core/` wrappers (a KV write is a publish with an expected revision).
+ */
+export const publishVia = (
+  requests: Requests,
+  operation: string,
+  subject: string,
+  data: Uint8Array | string,
+  headers: MsgHdrs,
+): Effect.Effect<PublishAck, NatsError> =>
+  Effect.flatMap(requests.request(operation, subject, data, headers, PUBLISH_TIMEOUT_MS), (reply) =>
+    ackOf(operation, reply),
+  )
+
 /** Publishes `data` to `subject` and waits for the stream's acknowledgement (idempotent by `msgId`). */
 export const publish = (
   subject: string,
   data: Uint8Array | string,
   options: PublishOptions,
 ): Effect.Effect<PublishAck, NatsError, Nats> =>
-  Effect.gen(function* () {
-    const { js } = yield* Nats
-    const h = natsHeaders()
-    for (const [k, v] of Object.entries(options.headers ?? {})) h.set(k, v)
-    const ack = yield* attempt(`publish ${subject}`, () =>
-      js.publish(subject, data, {
-        msgID: options.msgId,
-        headers: h,
-        ...(options.ttl === undefined ? {} : { ttl: ttlOf(options.ttl) }),
-        ...(options.schedule === undefined
-          ? {}
-          : { schedule: { specification: options.schedule.at, target: options.schedule.target } }),
-      }),
-    )
-    return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate }
-  })
+  Effect.flatMap(Nats, (clients) => publishWith(clients, subject, data, options))
+
+/** `publish` on the given connection (for services that hold theirs). */
+export const publishWith = (
+  clients: NatsClients,
+  subject: string,
+  data: Uint8Array | string,
+  options: PublishOptions,
+): Effect.Effect<PublishAck, NatsError> => {
+  const h = natsHeaders()
+  h.set(PubHeaders.MsgIdHdr, options.msgId)
+  if (options.headers !== undefined) for (const k in options.headers) h.set(k, options.headers[k]!)
+  if (options.ttl !== undefined) h.set(PubHeaders.MessageTTL, ttlOf(options.ttl))
+  if (options.schedule === undefined)
+    return publishVia(clients.requests, `publish ${subject}`, subject, data, h)
+  // Schedules are rare (timers); the client writes their headers.
+  const schedule = options.schedule
+  return attempt(`publish ${subject}`, () =>
+    clients.js.publish(subject, data, {
+      headers: h,
+      schedule: { specification: schedule.at, target: schedule.target },
+    }),
+  ).pipe(Effect.map((ack) => ({ stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate })))
+}

@@ -1,0 +1,120 @@
+import { expect, layer } from "@effect/vitest"
+import { headers as natsHeaders } from "@nats-io/transport-node"
+import { Effect, Either, Fiber } from "effect"
+import { layerAll } from "../test/harness/NatsServer.ts"
+import { uniqueName } from "../test/harness/names.ts"
+import { Nats } from "./Nats.ts"
+import { make } from "./Requests.ts"
+import { Storage } from "./Storage.ts"
+import * as JsStream from "./Stream.ts"
+
+const text = (data: Uint8Array) => new TextDecoder().decode(data)
+
+layer(layerAll())("Requests (shared inbox)", (it) => {
+  it.effect("answers each request with its own reply, many at once", () =>
+    Effect.gen(function* () {
+      const { connection, requests } = yield* Nats
+      const subject = uniqueName("echo")
+      const sub = connection.subscribe(subject, {
+        callback: (_e, m) => {
+          m.respond(`re:${text(m.data)}`)
+        },
+      })
+      yield* Effect.promise(() => connection.flush())
+      const answers = yield* Effect.forEach(
+        Array.from({ length: 200 }, (_, i) => i),
+        (i) => requests.request("echo", subject, `${i}`, undefined, 5_000),
+        { concurrency: "unbounded" },
+      )
+      expect(answers.map((m) => text(m.data))).toEqual(Array.from({ length: 200 }, (_, i) => `re:${i}`))
+      sub.unsubscribe()
+    }),
+  )
+
+  it.effect("no listener is a NatsError at once; silence is a NatsError at the deadline", () =>
+    Effect.gen(function* () {
+      const { connection, requests } = yield* Nats
+      const nobody = yield* requests
+        .request("ask nobody", uniqueName("nobody"), "x", undefined, 5_000)
+        .pipe(Effect.flip)
+      expect(nobody).toMatchObject({ _tag: "NatsError", operation: "ask nobody", message: "no responders" })
+      const subject = uniqueName("silent")
+      const sub = connection.subscribe(subject, { callback: () => {} })
+      yield* Effect.promise(() => connection.flush())
+      const silent = yield* requests.request("ask silent", subject, "x", undefined, 300).pipe(Effect.flip)
+      expect(silent).toMatchObject({ _tag: "NatsError", operation: "ask silent", message: "timed out" })
+      sub.unsubscribe()
+    }),
+  )
+
+  it.effect("an inbox keeps a reply that arrives before anyone waits, and forgets the address after", () =>
+    Effect.gen(function* () {
+      const { connection, requests } = yield* Nats
+      const early = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const inbox = yield* requests.inbox("early")
+          connection.publish(inbox.subject, "first")
+          connection.publish(inbox.subject, "second")
+          yield* Effect.promise(() => connection.flush())
+          return text((yield* inbox.reply).data)
+        }),
+      )
+      expect(early).toBe("first")
+      // An interrupted wait leaves nothing behind: a later reply to it is dropped, not delivered.
+      const waiting = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const inbox = yield* requests.inbox("late")
+          const fiber = yield* Effect.fork(inbox.reply)
+          yield* Fiber.interrupt(fiber)
+          return inbox.subject
+        }),
+      )
+      connection.publish(waiting, "nobody hears this")
+      yield* Effect.promise(() => connection.flush())
+    }),
+  )
+
+  it.effect("closing fails what waits and refuses what comes after", () =>
+    Effect.gen(function* () {
+      const { connection } = yield* Nats
+      const own = make(connection)
+      const subject = uniqueName("silent")
+      let heard = 0
+      const sub = connection.subscribe(subject, {
+        callback: () => {
+          heard++
+        },
+      })
+      yield* Effect.promise(() => connection.flush())
+      const fiber = yield* Effect.fork(own.request("waits", subject, "x", undefined, 60_000))
+      yield* Effect.yieldNow()
+      yield* Effect.promise(() => connection.flush())
+      expect(heard).toBe(1) // the request went out and now waits
+      own.close()
+      expect(yield* Fiber.join(fiber).pipe(Effect.flip)).toMatchObject({ message: "connection closed" })
+      const after = yield* own.request("after", subject, "x", undefined, 60_000).pipe(Effect.either)
+      expect(Either.isLeft(after) && after.left.message).toBe("connection closed")
+      sub.unsubscribe()
+    }),
+  )
+
+  it.effect(
+    "a refused JetStream publish carries the server's error code; a subject no stream holds is refused",
+    () =>
+      Effect.gen(function* () {
+        const { names } = yield* Storage
+        const subject = names.subjects.events("acc_x", uniqueName("run"))
+        const nats = yield* Nats
+        const expected = natsHeaders()
+        expected.set("Nats-Expected-Last-Subject-Sequence", "41")
+        const refused = yield* JsStream.publishVia(nats.requests, "publish", subject, "x", expected).pipe(
+          Effect.flip,
+        )
+        expect(refused).toMatchObject({ _tag: "NatsError", cause: { code: 10071, status: 400 } })
+        const nowhere = yield* JsStream.publish(uniqueName("nowhere"), "x", { msgId: uniqueName("m") }).pipe(
+          Effect.flip,
+        )
+        expect(nowhere).toMatchObject({ _tag: "NatsError", message: "no responders" })
+      }),
+  )
+})

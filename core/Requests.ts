@@ -1,0 +1,144 @@
+/**
+ * Request-reply on one connection through a single wildcard inbox subscription (`<inbox>.*`), made
+ * once when the connection opens. Used for the requests on hot paths: JetStream publishes (every
+ * actor message, every state write) and asks.
+ *
+ * Why not the client's `request`: nats.js gives each request its own promise, `Promise.race`, timer
+ * and, on every success, a stack-traced `RequestError("cancelled")` it then throws away; that was a
+ * third of the cost of a JetStream publish. Here a request is an entry in a map resumed straight
+ * from the subscription callback; deadlines are checked by one sweep timer; and because the inbox
+ * subscription already exists on the server, an ask needs no flush before it is sent.
+ */
+import { createInbox, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node"
+import { Effect, type Scope } from "effect"
+import { NatsError } from "./Nats.ts"
+
+export interface Requests {
+  /**
+   * Publishes `data` to `subject` with a reply address of its own and succeeds with the first
+   * reply; fails with `NatsError` after `timeoutMs`, when nobody listens on `subject` (the server's
+   * 503), or when the connection closes. Interrupting it forgets the request.
+   */
+  readonly request: (
+    operation: string,
+    subject: string,
+    data: Uint8Array | string,
+    headers: MsgHdrs | undefined,
+    timeoutMs: number,
+  ) => Effect.Effect<Msg, NatsError>
+  /**
+   * A fresh reply address under the shared inbox, for answers that come from elsewhere (an actor
+   * answering a question that travelled through its mailbox), listening from the moment it is made;
+   * `reply` waits for the first message sent to it (no deadline of its own: bound it). The address
+   * is forgotten when the scope closes.
+   */
+  readonly inbox: (
+    operation: string,
+  ) => Effect.Effect<
+    { readonly subject: string; readonly reply: Effect.Effect<Msg, NatsError> },
+    never,
+    Scope.Scope
+  >
+  /** Fails every waiting request and stops the sweep (the connection is closing). */
+  readonly close: () => void
+}
+
+interface Pending {
+  readonly operation: string
+  /** Epoch ms after which the sweep fails it; infinite for `inbox`. */
+  readonly deadline: number
+  readonly resume: (effect: Effect.Effect<Msg, NatsError>) => void
+}
+
+/** How often waiting requests are checked against their deadlines. */
+const SWEEP_MS = 100
+
+/** Opens the shared inbox subscription on `connection`. */
+export const make = (connection: NatsConnection): Requests => {
+  const prefix = `${createInbox()}.`
+  const pending = new Map<string, Pending>()
+  let next = 0
+  let closed = false
+
+  connection.subscribe(`${prefix}*`, {
+    callback: (_error, msg) => {
+      const token = msg.subject.slice(prefix.length)
+      const waiting = pending.get(token)
+      if (waiting === undefined) return
+      pending.delete(token)
+      const headers = msg.headers
+      if (headers?.hasError && headers.code === 503 && msg.data.length === 0) {
+        waiting.resume(Effect.fail(new NatsError({ operation: waiting.operation, message: "no responders" })))
+      } else waiting.resume(Effect.succeed(msg))
+    },
+  })
+
+  const sweep = setInterval(() => {
+    if (pending.size === 0) return
+    const now = Date.now()
+    for (const [token, waiting] of pending) {
+      if (waiting.deadline > now) continue
+      pending.delete(token)
+      waiting.resume(Effect.fail(new NatsError({ operation: waiting.operation, message: "timed out" })))
+    }
+  }, SWEEP_MS)
+  sweep.unref()
+
+  const request: Requests["request"] = (operation, subject, data, headers, timeoutMs) =>
+    Effect.async<Msg, NatsError>((resume) => {
+      if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
+      const token = (next++).toString(36)
+      pending.set(token, { operation, deadline: Date.now() + timeoutMs, resume })
+      try {
+        connection.publish(subject, data, { reply: prefix + token, ...(headers ? { headers } : {}) })
+      } catch (cause) {
+        pending.delete(token)
+        const message = cause instanceof Error ? cause.message : String(cause)
+        return resume(Effect.fail(new NatsError({ operation, message, cause })))
+      }
+      return Effect.sync(() => {
+        pending.delete(token)
+      })
+    })
+
+  const inbox: Requests["inbox"] = (operation) =>
+    Effect.acquireRelease(
+      Effect.sync(() => {
+        const token = (next++).toString(36)
+        // The answer may come before anyone waits for it: keep it until then.
+        let arrived: Effect.Effect<Msg, NatsError> | undefined
+        let waiter: ((effect: Effect.Effect<Msg, NatsError>) => void) | undefined
+        pending.set(token, {
+          operation,
+          deadline: Number.POSITIVE_INFINITY,
+          resume: (effect) => {
+            if (waiter !== undefined) waiter(effect)
+            else arrived = effect
+          },
+        })
+        const reply = Effect.async<Msg, NatsError>((resume) => {
+          if (arrived !== undefined) return resume(arrived)
+          if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
+          waiter = resume
+          return Effect.sync(() => {
+            waiter = undefined
+          })
+        })
+        return { token, subject: prefix + token, reply }
+      }),
+      ({ token }) => Effect.sync(() => pending.delete(token)),
+    )
+
+  const close = () => {
+    closed = true
+    clearInterval(sweep)
+    for (const [token, waiting] of pending) {
+      pending.delete(token)
+      waiting.resume(
+        Effect.fail(new NatsError({ operation: waiting.operation, message: "connection closed" })),
+      )
+    }
+  }
+
+  return { request, inbox, close }
+}
