@@ -19,6 +19,35 @@ describe("JSON logger", () => {
     expect(Number.isNaN(Date.parse(entry.at))).toBe(false)
   })
 
+  it("puts the fields of (text, plain object) beside the annotations, never over at, level or msg", () => {
+    const lines: Array<string> = []
+    const secret = Redacted.make(canary)
+    Effect.runSync(
+      Effect.gen(function* () {
+        yield* Effect.logInfo("handled", {
+          actor: "run",
+          seq: 7,
+          msg: "not this",
+          key: secret,
+          deep: { key: secret },
+        })
+        yield* Effect.logInfo("failed", new Error("boom"))
+      }).pipe(Effect.annotateLogs({ worker: "w1" }), Effect.provide(layerCollect(lines))),
+    )
+    expect(JSON.parse(lines[0]!)).toMatchObject({
+      level: "info",
+      msg: "handled",
+      worker: "w1",
+      actor: "run",
+      seq: 7,
+      key: "<redacted>",
+      deep: { key: "<redacted>" },
+    })
+    expect(lines[0]).not.toContain(canary)
+    // An error is not a bag of fields: it stays in the message.
+    expect(JSON.parse(lines[1]!).msg).toEqual(["failed", { error: "Error", message: "boom" }])
+  })
+
   it("never prints a Redacted value, in messages, nested objects or annotations", () => {
     const lines: Array<string> = []
     const secret = Redacted.make(canary)
