@@ -8,7 +8,7 @@
  */
 import { AckPolicy, DeliverPolicy, type JsMsg } from "@nats-io/jetstream"
 import type { Scope } from "effect"
-import { Effect, Option, Stream } from "effect"
+import { Chunk, Effect, Option, Stream } from "effect"
 import { attempt, Nats, NatsError } from "./Nats.ts"
 
 /** How a partition consumer is configured. */
@@ -102,38 +102,86 @@ const toDelivery = (m: JsMsg): Delivery => ({
   working: () => m.working(),
 })
 
+/**
+ * Takes the deliveries of an existing consumer in order, a batch at a time: whatever arrived since
+ * the last take (at least one; it waits for the first). Fails with `None` once the consumer's
+ * scope closed, with the error when the consumer went away (it was deleted by a new owner).
+ *
+ * Messages arrive through the client's callback into a plain array, so a backlog costs one wake-up
+ * per batch instead of a promise and a fiber step per message.
+ */
+export const batches = (
+  stream: string,
+  name: string,
+): Effect.Effect<
+  Effect.Effect<ReadonlyArray<Delivery>, Option.Option<NatsError>>,
+  NatsError,
+  Nats | Scope.Scope
+> =>
+  Effect.gen(function* () {
+    const { js } = yield* Nats
+    const consumer = yield* attempt(`consumer.get ${name}`, () => js.consumers.get(stream, name))
+    let buffer: Array<Delivery> = []
+    let ended: Option.Option<NatsError> | undefined
+    let waiter:
+      | ((result: Effect.Effect<ReadonlyArray<Delivery>, Option.Option<NatsError>>) => void)
+      | undefined
+    const wake = () => {
+      const resume = waiter
+      if (resume === undefined) return
+      waiter = undefined
+      if (buffer.length > 0) {
+        const out = buffer
+        buffer = []
+        resume(Effect.succeed(out))
+      } else if (ended !== undefined) resume(Effect.fail(ended))
+    }
+    const messages = yield* Effect.acquireRelease(
+      attempt(`consume ${name}`, () =>
+        consumer.consume({
+          max_messages: 128,
+          abort_on_missing_resource: true,
+          callback: (m) => {
+            buffer.push(toDelivery(m))
+            wake()
+          },
+        }),
+      ),
+      // `stop`, not `close`: close waits for pending messages to be handed out, which nobody does now.
+      (m) =>
+        Effect.sync(() => {
+          ended = Option.none()
+          m.stop()
+        }),
+    )
+    void messages.closed().then((result) => {
+      ended ??=
+        result instanceof Error
+          ? Option.some(
+              new NatsError({ operation: `consume ${name}`, message: result.message, cause: result }),
+            )
+          : Option.none()
+      wake()
+    })
+    return Effect.async<ReadonlyArray<Delivery>, Option.Option<NatsError>>((resume) => {
+      if (buffer.length > 0) {
+        const out = buffer
+        buffer = []
+        return resume(Effect.succeed(out))
+      }
+      if (ended !== undefined) return resume(Effect.fail(ended))
+      waiter = resume
+      return Effect.sync(() => {
+        if (waiter === resume) waiter = undefined
+      })
+    })
+  })
+
 /** The deliveries of an existing consumer, in order, until the scope closes or the consumer goes away. */
 export const consume = (
   stream: string,
   name: string,
 ): Effect.Effect<Stream.Stream<Delivery, NatsError>, NatsError, Nats | Scope.Scope> =>
-  Effect.gen(function* () {
-    const { js } = yield* Nats
-    const consumer = yield* attempt(`consumer.get ${name}`, () => js.consumers.get(stream, name))
-    const messages = yield* Effect.acquireRelease(
-      attempt(`consume ${name}`, () =>
-        consumer.consume({ max_messages: 64, abort_on_missing_resource: true }),
-      ),
-      // `stop`, not `close`: close waits for the iterator to be read to its end, which an
-      // interrupted reader never does.
-      (m) => Effect.sync(() => m.stop()),
-    )
-    // Not `Stream.fromAsyncIterable`: its release awaits the generator's `return()`, which waits for
-    // the pending `next()`, which waits for a message that may never come. `stop` above ends it.
-    const iterator = messages[Symbol.asyncIterator]()
-    return Stream.repeatEffectOption(
-      Effect.tryPromise({
-        try: () => iterator.next(),
-        catch: (cause) =>
-          Option.some(
-            new NatsError({
-              operation: `consume ${name}`,
-              message: cause instanceof Error ? cause.message : String(cause),
-              cause,
-            }),
-          ),
-      }).pipe(
-        Effect.flatMap((r) => (r.done ? Effect.fail(Option.none()) : Effect.succeed(toDelivery(r.value)))),
-      ),
-    )
-  })
+  Effect.map(batches(stream, name), (take) =>
+    Stream.repeatEffectChunkOption(Effect.map(take, Chunk.unsafeFromArray)),
+  )

@@ -88,10 +88,14 @@ describe("partitions", () => {
             Effect.gen(function* () {
               const owned = yield* Effect.all([w2.worker.owned, w3.worker.owned])
               const perType = owned.map((o) => o.filter((l) => l.startsWith("recorder.")).length)
-              return perType[0]! + perType[1]! === 32 ? Option.some(perType) : Option.none()
+              // Under load a survivor may briefly hold more than its share (it saw the other's
+              // presence expire); what must happen is that the two settle on an even split.
+              return perType[0]! + perType[1]! === 32 && perType[0] === perType[1]
+                ? Option.some(perType)
+                : Option.none()
             }),
             "30 seconds",
-            "the survivors to own every partition",
+            "the survivors to split every partition evenly",
           )
           expect([...after].sort()).toEqual([16, 16])
           yield* w2.stop
@@ -141,10 +145,10 @@ describe("partitions", () => {
           nak: () => acks.push("nak"),
           working: () => {},
         }
-        const stale = yield* handle(paused, delivery).pipe(Effect.either)
+        const stale = yield* handle(paused, [delivery]).pipe(Effect.either)
         expect(Either.isLeft(stale) && stale.left._tag).toBe("StaleOwner")
         // A lease known to be expired stops it before it even reads.
-        const expired = yield* handle({ ...paused, leaseDeadline: () => 0 }, delivery).pipe(Effect.either)
+        const expired = yield* handle({ ...paused, leaseDeadline: () => 0 }, [delivery]).pipe(Effect.either)
         expect(Either.isLeft(expired) && expired.left._tag).toBe("LeaseExpired")
         expect(acks).toEqual([])
         const final = yield* State.read(Recorder, "x")

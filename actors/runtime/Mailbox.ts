@@ -7,7 +7,7 @@
  * happens in plain text.
  */
 import { randomUUID } from "node:crypto"
-import { Context, type Duration, Effect, Layer, Schema } from "effect"
+import { Context, type Duration, Effect, Either, Layer, Schema } from "effect"
 import * as Inbox from "../../core/Inbox.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Nats as NatsTag } from "../../core/Nats.ts"
@@ -15,6 +15,7 @@ import { Storage } from "../../core/Storage.ts"
 import * as JsStream from "../../core/Stream.ts"
 import type { AnyActor, MessageOf, ReplyOf } from "./Actor.ts"
 import { AskFailed, AskTimeout, MessageInvalid } from "./Errors.ts"
+import { codecsOf } from "./internal/Codecs.ts"
 import { partitionOf } from "./Partition.ts"
 import { ActorSettings } from "./Settings.ts"
 
@@ -56,10 +57,10 @@ export interface MailboxService {
 export class Mailbox extends Context.Tag("hangar/actors/Mailbox")<Mailbox, MailboxService>() {}
 
 /** Encodes a message of `actor` as its JSON body. */
-export const encodeMessage = (actor: AnyActor, message: unknown): Effect.Effect<string, MessageInvalid> =>
-  Schema.encodeUnknown(actor.message)(message).pipe(
-    Effect.map((encoded) => JSON.stringify(encoded)),
-    Effect.mapError((e) => new MessageInvalid({ actor: actor.name, message: e.message })),
+export const encodeMessage = (actor: AnyActor, message: unknown): Either.Either<string, MessageInvalid> =>
+  Either.mapLeft(
+    codecsOf(actor).encodeMessage(message),
+    (e) => new MessageInvalid({ actor: actor.name, message: e.message }),
   )
 
 export const make = Effect.gen(function* () {
@@ -78,13 +79,14 @@ export const make = Effect.gen(function* () {
     msgId: string,
     headers?: Record<string, string>,
   ) =>
-    Effect.gen(function* () {
-      const body = yield* encodeMessage(actor, message)
-      yield* JsStream.publish(subjectOf(actor, id), body, { msgId, ...(headers ? { headers } : {}) })
-    })
+    Effect.flatMap(encodeMessage(actor, message), (body) =>
+      Effect.asVoid(
+        JsStream.publishWith(nats, subjectOf(actor, id), body, { msgId, ...(headers ? { headers } : {}) }),
+      ),
+    )
 
   const send: MailboxService["send"] = (actor, id, message, options) =>
-    provide(publish(actor, id, message, options.msgId))
+    publish(actor, id, message, options.msgId)
 
   const ask: MailboxService["ask"] = (actor, id, message, options) =>
     provide(

@@ -129,27 +129,68 @@ describe("actor worker", () => {
     )
   }
 
-  it.live("retries a retryable failure in order, records a terminal one, and survives a defect", () =>
-    withClient((prefix) =>
-      Effect.gen(function* () {
-        const w = yield* startWorker(server.url, prefix, actors, fast)
-        flaky.set(`${prefix}-k`, 2)
-        const send = (n: number, message: Parameters<typeof Mailbox.send<typeof Recorder>>[2]) =>
-          Mailbox.send(Recorder, "err", message, { msgId: `err-${n}` })
-        yield* send(1, { _tag: "Add", sender: "x", n: 1 })
-        yield* send(2, { _tag: "Flaky", key: `${prefix}-k` })
-        yield* send(3, { _tag: "Add", sender: "x", n: 2 })
-        yield* send(4, { _tag: "Fail", key: "t" })
-        yield* send(5, { _tag: "Defect" })
-        yield* send(6, { _tag: "Add", sender: "x", n: 3 })
-        const record = yield* logOf(Recorder, "err", 4)
-        expect(record.state.log).toEqual(["x:1", `flaky:${prefix}-k`, "x:2", "x:3"])
-        expect(flaky.get(`${prefix}-k`)).toBe(0)
-        expect(record.failures).toBe(2)
-        expect(record.failure?.message).toContain("a bug in the handler")
-        yield* w.stop
-      }),
-    ),
+  for (const queued of [false, true]) {
+    it.live(
+      `retries a retryable failure in order, records a terminal one, and survives a defect${queued ? " (all queued before the worker starts: one group)" : ""}`,
+      () =>
+        withClient((prefix) =>
+          Effect.gen(function* () {
+            const start = startWorker(server.url, prefix, actors, fast)
+            const early = queued ? undefined : yield* start
+            flaky.set(`${prefix}-k`, 2)
+            const send = (n: number, message: Parameters<typeof Mailbox.send<typeof Recorder>>[2]) =>
+              Mailbox.send(Recorder, "err", message, { msgId: `err-${n}` })
+            yield* send(1, { _tag: "Add", sender: "x", n: 1 })
+            yield* send(2, { _tag: "Flaky", key: `${prefix}-k` })
+            yield* send(3, { _tag: "Add", sender: "x", n: 2 })
+            yield* send(4, { _tag: "Fail", key: "t" })
+            yield* send(5, { _tag: "Defect" })
+            yield* send(6, { _tag: "Add", sender: "x", n: 3 })
+            const w = early ?? (yield* start)
+            const record = yield* logOf(Recorder, "err", 4)
+            expect(record.state.log).toEqual(["x:1", `flaky:${prefix}-k`, "x:2", "x:3"])
+            expect(flaky.get(`${prefix}-k`)).toBe(0)
+            expect(record.failures).toBe(2)
+            expect(record.failure?.message).toContain("a bug in the handler")
+            yield* w.stop
+          }),
+        ),
+    )
+  }
+
+  it.live(
+    "messages that queued up for an actor are applied as one group with one write; a crash after it changes nothing",
+    () =>
+      withClient((prefix) =>
+        Effect.gen(function* () {
+          const count = 30
+          for (let n = 1; n <= count; n++) {
+            yield* Mailbox.send(Recorder, "grp", { _tag: "Forward", to: "grp-out", n }, { msgId: `grp-${n}` })
+          }
+          // The first worker applies what waited and dies right after its write: nothing is acked,
+          // nothing forwarded yet.
+          const doomed = yield* startWorker(server.url, prefix, actors, fast, {
+            crashAt: "afterStateWrite",
+            match: (info) => info.id === "grp",
+          })
+          yield* doomed.worker.crashed
+          yield* doomed.stop
+          const written = Option.getOrThrow(yield* State.read(Recorder, "grp"))
+          // Several messages in the one write the worker made before dying.
+          expect(written.state.log.length).toBeGreaterThan(1)
+          expect(written.outbox.filter((e) => e._tag === "Send")).toHaveLength(written.state.log.length)
+
+          const next = yield* startWorker(server.url, prefix, actors, fast)
+          const expected = Array.from({ length: count }, (_, i) => i + 1)
+          const record = yield* logOf(Recorder, "grp", count)
+          expect(record.state.log).toEqual(expected.map((n) => `fwd:${n}`))
+          yield* logOf(Sink, "grp-out", count)
+          yield* Mailbox.send(Sink, "grp-out", { _tag: "Add", sender: "end", n: 0 }, { msgId: "grp-end" })
+          const sink = yield* logOf(Sink, "grp-out", count + 1)
+          expect(sink.state.log).toEqual([...expected.map((n) => `grp:${n}`), "end:0"])
+          yield* next.stop
+        }),
+      ),
   )
 
   it.live("ask is answered by the handler; a timeout or a terminal failure is a typed error", () =>
@@ -177,6 +218,13 @@ describe("actor worker", () => {
           { timeout: "10 seconds" },
         ).pipe(Effect.flip)
         expect(failed).toMatchObject({ _tag: "AskFailed", tag: "Boom" })
+        // Asks that arrive together (and may be applied as one group) each get their own answer.
+        const answers = yield* Effect.forEach(
+          Array.from({ length: 20 }, (_, x) => x),
+          (x) => Mailbox.ask(Recorder, "q", { _tag: "Question", x }, { timeout: "10 seconds" }),
+          { concurrency: "unbounded" },
+        )
+        expect(answers).toEqual(Array.from({ length: 20 }, (_, x) => x * 2))
         yield* w.stop
       }),
     ),

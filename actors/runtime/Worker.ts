@@ -22,8 +22,8 @@ import {
   Option,
   Schedule,
   Scope,
-  Stream,
 } from "effect"
+import type { Delivery } from "../../core/Consumer.ts"
 import * as Consumer from "../../core/Consumer.ts"
 import { makeId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
@@ -66,6 +66,9 @@ export interface WorkerService {
 /** A running worker. */
 export class Worker extends Context.Tag("hangar/actors/Worker")<Worker, WorkerService>() {}
 
+/** At most this many of one actor's waiting messages are handled as one group (one state write). */
+const GROUP_MAX = 64
+
 interface Owned {
   readonly actor: AnyActor
   readonly partition: number
@@ -98,7 +101,7 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
     const margin = Math.max(1, Math.floor(settings.leaseMs / 10))
     const runnerScope = yield* Scope.make()
 
-    const fault: PartitionRuntime["fault"] = (point, info) =>
+    const fault: NonNullable<PartitionRuntime["fault"]> = (point, info) =>
       Option.isSome(faults) && faults.value.crashAt === point && !dead && (faults.value.match?.(info) ?? true)
         ? Effect.gen(function* () {
             dead = true
@@ -117,7 +120,7 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
           ackWaitMs: settings.ackWaitMs,
           maxAckPending: settings.maxInFlight,
         })
-        const deliveries = yield* Consumer.consume(stream, consumer)
+        const take = yield* Consumer.batches(stream, consumer)
         const rt: PartitionRuntime = {
           actor,
           partition,
@@ -127,35 +130,49 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
           settings,
           cache: new Map(),
           leaseDeadline: () => owned.get(label)?.deadline ?? 0,
-          fault,
+          ...(Option.isSome(faults) ? { fault } : {}),
         }
         yield* Effect.logInfo("partition started").pipe(
           Effect.annotateLogs({ worker: workerId, partition: label }),
         )
         // Messages of one actor run one after another in delivery order; different actors of the
         // partition run side by side (up to `maxInFlight` unacknowledged), so one slow or retrying
-        // actor does not hold up the rest. A partition-stopping failure of any of them ends the lot.
+        // actor does not hold up the rest. An actor with messages waiting has one fiber, which takes
+        // what has queued up for it as one group (see `handle`) until none is left. A
+        // partition-stopping failure of any of them ends the lot.
         const running = yield* FiberSet.make<void, LeaseExpired | StaleOwner>()
-        const tails = new Map<string, { readonly fiber: Fiber.RuntimeFiber<void, unknown> }>()
-        const dispatch = Stream.runForEach(deliveries, (d) =>
+        const waiting = new Map<string, Array<Delivery>>()
+        const nextGroup = (id: string, queue: Array<Delivery>) =>
+          Effect.sync(() => {
+            // Checked and removed in one step, so a delivery queued meanwhile is never stranded.
+            if (queue.length > 0) return queue.splice(0, GROUP_MAX)
+            waiting.delete(id)
+            return undefined
+          })
+        const drain = (id: string, queue: Array<Delivery>) =>
           Effect.gen(function* () {
-            const id = d.subject.slice(d.subject.lastIndexOf(".") + 1)
-            const previous = tails.get(id)
-            const slot: { fiber: Fiber.RuntimeFiber<void, unknown> } = { fiber: undefined as never }
-            slot.fiber = yield* FiberSet.run(
-              running,
-              (previous ? Effect.asVoid(Fiber.await(previous.fiber)) : Effect.void).pipe(
-                Effect.zipRight(handle(rt, d)),
-                Effect.ensuring(
-                  Effect.sync(() => {
-                    if (tails.get(id) === slot) tails.delete(id)
-                  }),
-                ),
-              ),
-            )
-            tails.set(id, slot)
-          }),
-        )
+            while (true) {
+              const group = yield* nextGroup(id, queue)
+              if (group === undefined) return
+              yield* handle(rt, group)
+            }
+          })
+        const dispatch = Effect.gen(function* () {
+          while (true) {
+            const batch = yield* take
+            for (const d of batch) {
+              const id = d.subject.slice(d.subject.lastIndexOf(".") + 1)
+              const queue = waiting.get(id)
+              if (queue !== undefined) {
+                queue.push(d)
+                continue
+              }
+              const fresh = [d]
+              waiting.set(id, fresh)
+              yield* FiberSet.run(running, drain(id, fresh))
+            }
+          }
+        }).pipe(Effect.catchAll(Option.match({ onNone: () => Effect.void, onSome: Effect.fail })))
         yield* Effect.raceFirst(dispatch, FiberSet.join(running))
       }).pipe(
         Effect.scoped,

@@ -1,16 +1,21 @@
 /**
- * Handling one delivered mailbox message, the heart of the runtime:
+ * Handling an actor's delivered mailbox messages, the heart of the runtime. The messages of one
+ * actor that are waiting when it is free are handled as one group, in stream order:
  *
- * 1. a delivery at or below the stored `seq` is a redelivery: its recorded outbox is published
- *    again (same message ids, so nothing is stored twice) and it is acked;
- * 2. otherwise the handler runs; its new state, the last applied `seq` and its outbox are written in
+ * 1. deliveries at or below the stored `seq` are redeliveries: the recorded outbox is published
+ *    again when the last applied one comes back (same message ids, so nothing is stored twice), and
+ *    they are acked;
+ * 2. otherwise the handler runs on each message in turn, on the state the previous one left; the
+ *    group's final state, its last applied `seq` and the outboxes of all its messages are written in
  *    one compare-and-set on the revision read — a stale owner's write fails and it stops;
- * 3. the outbox is published, then the message is acked.
+ * 3. the outbox is published, then every message of the group is acked.
  *
- * A crash anywhere leaves either nothing written (the message is redelivered and handled) or the
- * record written (the redelivery re-publishes its outbox): each effect happens once.
+ * A crash anywhere leaves either nothing written (the messages are redelivered and handled) or the
+ * record written (every message of the group is redelivered, the last one re-publishes the group's
+ * outbox): each effect happens once. One write per group instead of per message is what lets a busy
+ * actor keep up (group commit); a lone message is a group of one.
  */
-import { Cause, Clock, Data, Effect, Exit, Option, Schema } from "effect"
+import { Cause, Clock, Data, Effect, Either, Exit, Option } from "effect"
 import type { Delivery } from "../../../core/Consumer.ts"
 import type { Kv } from "../../../core/Kv.ts"
 import type { Nats, NatsError } from "../../../core/Nats.ts"
@@ -22,6 +27,7 @@ import { publishAll, TIMER_HEADER, TIMER_ID_HEADER } from "../Outbox.ts"
 import { partitionOf } from "../Partition.ts"
 import { type ActorRecord, initialRecord, type OutboxEntry } from "../Record.ts"
 import type { ActorSettingsShape } from "../Settings.ts"
+import { codecsOf } from "./Codecs.ts"
 
 /** Where a test may make a worker die (see `WorkerFaults`). */
 export type CrashPoint = "afterStateWrite" | "afterPublish" | "afterAck"
@@ -49,8 +55,11 @@ export interface PartitionRuntime {
   readonly cache: Map<string, Cached>
   /** Epoch ms until which our lease is known valid. */
   readonly leaseDeadline: () => number
-  /** Called at each crash point; returns `Effect.never` after marking the worker dead when it matches. */
-  readonly fault: (
+  /**
+   * Test-only (`WorkerFaults`): called at each crash point for each message of the group; returns
+   * `Effect.never` after marking the worker dead when it matches.
+   */
+  readonly fault?: (
     point: CrashPoint,
     info: { readonly id: string; readonly tag: string; readonly seq: number },
   ) => Effect.Effect<void>
@@ -58,17 +67,7 @@ export interface PartitionRuntime {
 
 const CACHE_LIMIT = 10_000
 
-// Built once per actor type: a schema's parser is cached by its AST, but `parseJson` makes a new one.
-const decoders = new WeakMap<AnyActor, (input: unknown) => Effect.Effect<unknown, unknown>>()
-const decoderOf = (actor: AnyActor) => {
-  let decode = decoders.get(actor)
-  if (decode === undefined) {
-    decode = Schema.decodeUnknown(Schema.parseJson(actor.message))
-    decoders.set(actor, decode)
-  }
-  return decode
-}
-const decoder = new TextDecoder()
+const textDecoder = new TextDecoder()
 
 const describe = (error: unknown): { tag: string; message: string } => {
   if (typeof error === "object" && error !== null) {
@@ -82,45 +81,76 @@ const describe = (error: unknown): { tag: string; message: string } => {
   return { tag: "Error", message: String(error) }
 }
 
-type Outcome =
-  | { readonly _tag: "Applied"; readonly record: ActorRecord<unknown>; readonly messageTag: string }
+/** How one message of a group turned out. */
+type Step =
+  | {
+      readonly _tag: "Applied"
+      /** The record after this message (its state, timers and failure; `seq`/`outbox` are the group's). */
+      readonly record: ActorRecord<unknown>
+      readonly outbox: ReadonlyArray<OutboxEntry>
+      readonly messageTag: string
+      readonly outcome: "applied" | "failed" | "stale-timer"
+    }
   | { readonly _tag: "Retry"; readonly error: unknown; readonly messageTag: string }
 
+/** A group's outbox stops growing past this many body bytes; the rest of the messages form the next group. */
+const GROUP_OUTBOX_BYTES = 256 * 1024
+
 /**
- * Handles one delivery, retrying a retryable handler failure or infrastructure trouble in place with
- * exponential backoff (the message stays unacknowledged and this actor's later messages wait behind
- * it, which keeps its order; other actors of the partition go on). Fails only when the partition
- * must stop (lease gone, stale owner).
+ * Handles the deliveries of one actor (in stream order), retrying a retryable handler failure or
+ * infrastructure trouble in place with exponential backoff (the message stays unacknowledged and the
+ * messages after it wait, which keeps the actor's order; other actors of the partition go on).
+ * Fails only when the partition must stop (lease gone, stale owner).
  */
 export const handle = (
   rt: PartitionRuntime,
-  d: Delivery,
+  deliveries: ReadonlyArray<Delivery>,
 ): Effect.Effect<void, LeaseExpired | StaleOwner, Nats> =>
   Effect.gen(function* () {
-    for (let attempt = 0; ; attempt++) {
-      const retry = yield* handleOnce(rt, d, attempt)
-      if (retry === undefined) return
-      // Keep the server from redelivering the message to someone else while we wait.
-      d.working()
-      yield* Effect.sleep(retry)
+    let from = 0
+    let attempt = 0
+    while (from < deliveries.length) {
+      const result = yield* handleGroup(rt, deliveries, from, attempt)
+      from = result.next
+      attempt = result.handled === 0 ? attempt + 1 : 0
+      if (result.retryInMs === undefined || result.retryInMs === 0) continue
+      // Keep the server from redelivering the waiting messages to someone else meanwhile.
+      for (let i = from; i < deliveries.length; i++) deliveries[i]!.working()
+      yield* Effect.sleep(result.retryInMs)
     }
   })
 
 const backoff = (rt: PartitionRuntime, attempt: number) =>
   Math.min(rt.settings.retryMaxMs, rt.settings.retryBaseMs * 2 ** Math.min(20, attempt))
 
-/** One attempt; returns the delay before the next one when it should be retried. */
-const handleOnce = (
+const idOf = (d: Delivery) => d.subject.slice(d.subject.lastIndexOf(".") + 1)
+
+interface GroupResult {
+  /** Index of the first delivery not yet done. */
+  readonly next: number
+  /** Deliveries done by this call. */
+  readonly handled: number
+  /** Set when the delivery at `next` must be tried again after this delay. */
+  readonly retryInMs?: number
+}
+
+/**
+ * One group starting at `deliveries[from]`: the redeliveries at its head, or the longest run of new
+ * messages that can be applied together (up to a retryable failure or a full outbox), stored in one
+ * write, published, acked.
+ */
+const handleGroup = (
   rt: PartitionRuntime,
-  d: Delivery,
+  deliveries: ReadonlyArray<Delivery>,
+  from: number,
   attempt: number,
-): Effect.Effect<number | undefined, LeaseExpired | StaleOwner, Nats> =>
+): Effect.Effect<GroupResult, LeaseExpired | StaleOwner, Nats> =>
   Effect.gen(function* () {
     const started = yield* Clock.currentTimeMillis
     if (started >= rt.leaseDeadline()) return yield* new LeaseExpired({ partition: rt.label })
     const { actor, names } = rt
     const stream = names.streams.MAILBOX.name
-    const id = d.subject.slice(d.subject.lastIndexOf(".") + 1)
+    const id = idOf(deliveries[from]!)
     const key = kvKeys.actor(actor.name, id)
 
     const cached =
@@ -131,176 +161,241 @@ const handleOnce = (
       })
     const { record, revision } = cached
 
-    const log = (outcome: string, messageTag: string) =>
-      Effect.flatMap(Clock.currentTimeMillis, (now) =>
-        Effect.logInfo("handled").pipe(
-          Effect.annotateLogs({
-            actor: actor.name,
-            id,
-            tag: messageTag,
-            seq: d.seq,
-            outcome,
-            ms: now - started,
-          }),
-        ),
-      )
+    const log = (d: Delivery, outcome: string, messageTag: string, ended: number, more?: object) =>
+      Effect.logInfo("handled", {
+        actor: actor.name,
+        id,
+        tag: messageTag,
+        seq: d.seq,
+        outcome,
+        ms: ended - started,
+        ...more,
+      })
 
-    // 1. Redelivery of an applied message (a crash after the state write): finish its effects.
-    if (d.seq <= record.seq) {
-      if (d.seq === record.seq) yield* publishAll(stream, record.outbox)
-      d.ack()
-      yield* log("redelivered", "-")
-      return undefined
+    // 1. Redeliveries of applied messages (a crash after the state write): finish their effects.
+    if (deliveries[from]!.seq <= record.seq) {
+      let next = from
+      while (next < deliveries.length && deliveries[next]!.seq <= record.seq) {
+        const d = deliveries[next++]!
+        if (d.seq === record.seq) yield* publishAll(stream, record.outbox)
+        d.ack()
+        yield* log(d, "redelivered", "-", yield* Clock.currentTimeMillis)
+      }
+      return { next, handled: next - from }
     }
 
-    // A timer that was replaced or cancelled after it had already fired into the mailbox.
-    const timer = d.header(TIMER_HEADER)
-    if (timer !== undefined && record.timers[timer] !== d.header(TIMER_ID_HEADER)) {
-      d.ack()
-      yield* log("stale-timer", timer)
-      return undefined
-    }
-
-    // 2. Decode and run the handler, turning its result into the next record.
-    const replyTo = d.header(REPLY_HEADER)
+    // 2. Each new message on the state the previous one left.
     const partition = partitionOf(id, rt.settings.partitions)
-    const baseId = `${key}@${d.seq}`
-    const timerOps = new Map<string, { readonly at: number; readonly message: unknown } | null>()
-    const context: ActorContext<unknown> = {
-      type: actor.name,
-      id,
-      now: started,
-      seq: d.seq,
-      schedule: (name, at, message) => {
-        timerOps.set(name, { at: typeof at === "number" ? at : at.getTime(), message })
-      },
-      cancel: (name) => {
-        timerOps.set(name, null)
-      },
+    const steps: Array<{ readonly d: Delivery; readonly step: Step & { _tag: "Applied" } }> = []
+    const outbox: Array<OutboxEntry> = []
+    let outboxBytes = 0
+    let current = record
+    let retry: { readonly error: unknown; readonly messageTag: string } | undefined
+    let next = from
+    while (next < deliveries.length && outboxBytes < GROUP_OUTBOX_BYTES) {
+      const d = deliveries[next]!
+      // A redelivery behind new messages cannot happen (one actor's messages come in stream order);
+      // should it, it waits for the next group, which sees this group's write.
+      if (d.seq <= record.seq) break
+      const step = yield* applyOne(rt, id, partition, current, d, started)
+      if (step._tag === "Retry") {
+        retry = step
+        break
+      }
+      steps.push({ d, step })
+      current = step.record
+      for (const entry of step.outbox) {
+        outbox.push(entry)
+        outboxBytes += "body" in entry ? entry.body.length : 0
+      }
+      next++
+    }
+    if (steps.length > 0) {
+      // 3. Store state + outbox with the revision read; a conflict means another owner took over.
+      const last = steps[steps.length - 1]!.d
+      const changed = steps.some((s) => s.step.outcome !== "stale-timer")
+      if (changed) {
+        if ((yield* Clock.currentTimeMillis) >= rt.leaseDeadline())
+          return yield* new LeaseExpired({ partition: rt.label })
+        const stored: ActorRecord<unknown> = { ...current, seq: last.seq, outbox }
+        const written = yield* rt.kv.update(key, stored, revision).pipe(
+          Effect.catchTag("StateConflict", () => {
+            rt.cache.delete(key)
+            return Effect.fail(new StaleOwner({ key }))
+          }),
+        )
+        if (rt.cache.size >= CACHE_LIMIT) rt.cache.clear()
+        rt.cache.set(key, { record: stored, revision: written })
+      }
+      yield* crashPoint(rt, "afterStateWrite", id, steps)
+      yield* publishAll(stream, outbox)
+      yield* crashPoint(rt, "afterPublish", id, steps)
+      for (const { d } of steps) d.ack()
+      yield* crashPoint(rt, "afterAck", id, steps)
+      const ended = yield* Clock.currentTimeMillis
+      for (const { d, step } of steps) yield* log(d, step.outcome, step.messageTag, ended)
     }
 
-    const failed = (error: unknown, messageTag: string): Outcome => {
-      const { tag, message } = describe(error)
-      const outbox: Array<OutboxEntry> = replyTo
-        ? [{ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Failed", tag, message }) }]
-        : []
-      return {
-        _tag: "Applied",
-        messageTag,
-        record: {
-          ...record,
-          seq: d.seq,
-          outbox,
-          failure: { seq: d.seq, tag, message, at: started },
-          failures: record.failures + 1,
-        },
-      }
+    if (retry === undefined) return { next, handled: next - from }
+    // The applied messages before the failing one are stored; it is tried again on its own.
+    const delay = steps.length > 0 ? 0 : backoff(rt, attempt)
+    if (steps.length === 0) {
+      yield* log(deliveries[next]!, "retry", retry.messageTag, yield* Clock.currentTimeMillis, {
+        error: describe(retry.error),
+        retryInMs: delay,
+      })
     }
-
-    const run = Effect.gen(function* () {
-      const decoded = yield* Effect.exit(decoderOf(actor)(decoder.decode(d.data)))
-      if (Exit.isFailure(decoded)) return failed(Cause.squash(decoded.cause), "invalid")
-      const message = decoded.value as { readonly _tag: string }
-      const exit = yield* Effect.exit(Effect.suspend(() => actor.handler(record.state, message, context)))
-      if (Exit.isFailure(exit)) {
-        if (Cause.isInterruptedOnly(exit.cause)) return yield* Effect.interrupt
-        const error = Option.getOrElse(Cause.failureOption(exit.cause), () => Cause.squash(exit.cause))
-        return isRetryable(error)
-          ? ({ _tag: "Retry", error, messageTag: message._tag } satisfies Outcome)
-          : failed(error, message._tag)
-      }
-      const result = exit.value
-      const outbox: Array<OutboxEntry> = []
-      const sends = result.send ?? []
-      for (let i = 0; i < sends.length; i++) {
-        const o = sends[i]!
-        outbox.push({
-          _tag: "Send",
-          subject: names.subjects.mailbox(o.actor.name, partitionOf(o.id, rt.settings.partitions), o.id),
-          msgId: `${baseId}.${i}`,
-          body: yield* encodeMessage(o.actor, o.message),
-        })
-      }
-      const timers: Record<string, string> = { ...record.timers }
-      if (timer !== undefined) delete timers[timer]
-      for (const [name, op] of timerOps) {
-        const subject = names.subjects.timer(actor.name, partition, id, name)
-        if (op === null) {
-          delete timers[name]
-          outbox.push({ _tag: "Cancel", subject })
-        } else {
-          const msgId = `${baseId}.t.${name}`
-          timers[name] = msgId
-          outbox.push({
-            _tag: "Schedule",
-            subject,
-            target: names.subjects.mailbox(actor.name, partition, id),
-            at: op.at,
-            timer: name,
-            msgId,
-            body: yield* encodeMessage(actor, op.message),
-          })
-        }
-      }
-      if (replyTo) {
-        const value = yield* Schema.encodeUnknown(actor.reply)(result.reply ?? null)
-        outbox.push({ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Ok", value }) })
-      }
-      // The state must encode before it is stored; a handler returning an invalid one fails terminally.
-      yield* Schema.encodeUnknown(actor.state)(result.state)
-      return {
-        _tag: "Applied",
-        messageTag: message._tag,
-        record: { ...record, state: result.state, seq: d.seq, outbox, timers },
-      } satisfies Outcome
-    })
-    const outcome: Outcome = yield* run.pipe(
-      Effect.catchAll((error) => Effect.succeed(failed(error, "invalid"))),
-      Effect.catchAllDefect((defect) => Effect.succeed(failed(defect, "defect"))),
-    )
-
-    if (outcome._tag === "Retry") {
-      const delay = backoff(rt, attempt)
-      yield* log("retry", outcome.messageTag).pipe(
-        Effect.annotateLogs({ error: describe(outcome.error), retryInMs: delay }),
-      )
-      return delay
-    }
-
-    // 3. Store state + outbox with the revision read; a conflict means another owner took over.
-    if ((yield* Clock.currentTimeMillis) >= rt.leaseDeadline())
-      return yield* new LeaseExpired({ partition: rt.label })
-    const written = yield* rt.kv.update(key, outcome.record, revision).pipe(
-      Effect.catchTag("StateConflict", () => {
-        rt.cache.delete(key)
-        return Effect.fail(new StaleOwner({ key }))
-      }),
-    )
-    if (rt.cache.size >= CACHE_LIMIT) rt.cache.clear()
-    rt.cache.set(key, { record: outcome.record, revision: written })
-    const info = { id, tag: outcome.messageTag, seq: d.seq }
-    yield* rt.fault("afterStateWrite", info)
-    yield* publishAll(stream, outcome.record.outbox)
-    yield* rt.fault("afterPublish", info)
-    d.ack()
-    yield* rt.fault("afterAck", info)
-    yield* log(outcome.record.failure?.seq === d.seq ? "failed" : "applied", outcome.messageTag)
-    return undefined
+    return { next, handled: next - from, retryInMs: delay }
   }).pipe(
     // Infrastructure trouble (NATS unreachable, a stored record that no longer decodes): retry later.
     Effect.catchTags({
-      NatsError: (e: NatsError) => retryLater(rt, d, attempt, e),
-      KvValueInvalid: (e) => retryLater(rt, d, attempt, e),
+      NatsError: (e: NatsError) => retryLater(rt, deliveries, from, attempt, e),
+      KvValueInvalid: (e) => retryLater(rt, deliveries, from, attempt, e),
     }),
   )
 
-const retryLater = (rt: PartitionRuntime, d: Delivery, attempt: number, error: unknown) =>
+const crashPoint = (
+  rt: PartitionRuntime,
+  point: CrashPoint,
+  id: string,
+  steps: ReadonlyArray<{ readonly d: Delivery; readonly step: { readonly messageTag: string } }>,
+) =>
+  rt.fault === undefined
+    ? Effect.void
+    : Effect.forEach(steps, ({ d, step }) => rt.fault!(point, { id, tag: step.messageTag, seq: d.seq }), {
+        discard: true,
+      })
+
+/** Runs the handler for one new message on `record`, turning its result into the next record. */
+const applyOne = (
+  rt: PartitionRuntime,
+  id: string,
+  partition: number,
+  record: ActorRecord<unknown>,
+  d: Delivery,
+  now: number,
+): Effect.Effect<Step> => {
+  const { actor, names } = rt
+  const key = kvKeys.actor(actor.name, id)
+  const codecs = codecsOf(actor)
+
+  // A timer that was replaced or cancelled after it had already fired into the mailbox.
+  const timer = d.header(TIMER_HEADER)
+  if (timer !== undefined && record.timers[timer] !== d.header(TIMER_ID_HEADER)) {
+    return Effect.succeed({ _tag: "Applied", record, outbox: [], messageTag: timer, outcome: "stale-timer" })
+  }
+
+  const replyTo = d.header(REPLY_HEADER)
+  const baseId = `${key}@${d.seq}`
+  const timerOps = new Map<string, { readonly at: number; readonly message: unknown } | null>()
+  const context: ActorContext<unknown> = {
+    type: actor.name,
+    id,
+    now,
+    seq: d.seq,
+    schedule: (name, at, message) => {
+      timerOps.set(name, { at: typeof at === "number" ? at : at.getTime(), message })
+    },
+    cancel: (name) => {
+      timerOps.set(name, null)
+    },
+  }
+
+  const failed = (error: unknown, messageTag: string): Step => {
+    const { tag, message } = describe(error)
+    return {
+      _tag: "Applied",
+      messageTag,
+      outcome: "failed",
+      outbox: replyTo
+        ? [{ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Failed", tag, message }) }]
+        : [],
+      record: { ...record, failure: { seq: d.seq, tag, message, at: now }, failures: record.failures + 1 },
+    }
+  }
+
+  return Effect.gen(function* () {
+    const decoded = codecs.decodeMessage(textDecoder.decode(d.data))
+    if (Either.isLeft(decoded)) return failed(decoded.left, "invalid")
+    const message = decoded.right
+    const exit = yield* Effect.exit(Effect.suspend(() => actor.handler(record.state, message, context)))
+    if (Exit.isFailure(exit)) {
+      if (Cause.isInterruptedOnly(exit.cause)) return yield* Effect.interrupt
+      const error = Option.getOrElse(Cause.failureOption(exit.cause), () => Cause.squash(exit.cause))
+      return isRetryable(error)
+        ? ({ _tag: "Retry", error, messageTag: message._tag } satisfies Step)
+        : failed(error, message._tag)
+    }
+    const result = exit.value
+    const outbox: Array<OutboxEntry> = []
+    const sends = result.send ?? []
+    for (let i = 0; i < sends.length; i++) {
+      const o = sends[i]!
+      outbox.push({
+        _tag: "Send",
+        subject: names.subjects.mailbox(o.actor.name, partitionOf(o.id, rt.settings.partitions), o.id),
+        msgId: `${baseId}.${i}`,
+        body: yield* encodeMessage(o.actor, o.message),
+      })
+    }
+    const timers: Record<string, string> = { ...record.timers }
+    if (timer !== undefined) delete timers[timer]
+    for (const [name, op] of timerOps) {
+      const subject = names.subjects.timer(actor.name, partition, id, name)
+      if (op === null) {
+        delete timers[name]
+        outbox.push({ _tag: "Cancel", subject })
+      } else {
+        const msgId = `${baseId}.t.${name}`
+        timers[name] = msgId
+        outbox.push({
+          _tag: "Schedule",
+          subject,
+          target: names.subjects.mailbox(actor.name, partition, id),
+          at: op.at,
+          timer: name,
+          msgId,
+          body: yield* encodeMessage(actor, op.message),
+        })
+      }
+    }
+    if (replyTo) {
+      const value = yield* codecs.encodeReply(result.reply ?? null)
+      outbox.push({ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Ok", value }) })
+    }
+    // The state must encode before it is stored; a handler returning an invalid one fails terminally.
+    yield* codecs.encodeState(result.state)
+    return {
+      _tag: "Applied",
+      messageTag: message._tag,
+      outcome: "applied",
+      outbox,
+      record: { ...record, state: result.state, timers },
+    } satisfies Step
+  }).pipe(
+    Effect.catchAll((error) => Effect.succeed(failed(error, "invalid"))),
+    Effect.catchAllDefect((defect) => Effect.succeed(failed(defect, "defect"))),
+  )
+}
+
+const retryLater = (
+  rt: PartitionRuntime,
+  deliveries: ReadonlyArray<Delivery>,
+  from: number,
+  attempt: number,
+  error: unknown,
+) =>
   Effect.gen(function* () {
     // The write may or may not have happened: read the record again next time.
-    rt.cache.delete(kvKeys.actor(rt.actor.name, d.subject.slice(d.subject.lastIndexOf(".") + 1)))
+    rt.cache.delete(kvKeys.actor(rt.actor.name, idOf(deliveries[from]!)))
     const delay = backoff(rt, attempt)
     yield* Effect.logWarning("delivery failed; retrying").pipe(
-      Effect.annotateLogs({ actor: rt.actor.name, seq: d.seq, error: describe(error), retryInMs: delay }),
+      Effect.annotateLogs({
+        actor: rt.actor.name,
+        seq: deliveries[from]!.seq,
+        error: describe(error),
+        retryInMs: delay,
+      }),
     )
-    return delay
+    return { next: from, handled: 0, retryInMs: delay } satisfies GroupResult
   })
