@@ -1,210 +1,202 @@
 /**
- * Actor runtime benchmark (prints figures; not a test). Against one local nats-server:
+ * Actor runtime benchmark (prints figures; not a test). One local nats-server; every role is its
+ * own process, as in a deployment (`bench/actors-child.ts`): a sender (a client: 64 sends in
+ * flight), and either
  *
- * - baseline: a bare JetStream loop (publish with msg id, one pull consumer, ack each);
- * - the runtime with 1 and then 2 workers (in this process, each with its own connection), one
- *   actor type over 256 ids, every message a state write (compare-and-set) plus the per-message log
- *   line (rendered as JSON, discarded).
+ * - baseline: a bare JetStream loop (the sender publishes with a msg id through `core/Stream`,
+ *   one pull consumer process acks each message), or
+ * - the runtime: 1 or 2 worker processes for one actor type over 256 ids; every message a handler
+ *   run, a state write (compare-and-set) and its log line (rendered as JSON, dropped).
  *
- * Throughput: N messages sent as fast as acknowledged (64 in flight) while being handled; the rate
- * is N over the time from the first send to the last handled. The sender runs in this process too.
+ * Throughput: N messages sent as fast as acknowledged; the rate is N over the time from the first
+ * send to the last handled, the CPU the consumer's (or workers') own per message. The runtime row
+ * with `group max 1` writes state once per message (no group commit) for comparison.
  * Latency: messages sent at a steady 500/s; send → handled, p50/p99.
  *
  * Run: node --import tsx bench/actors.ts [N]
  */
+import { type ChildProcess, fork } from "node:child_process"
+import { join } from "node:path"
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream"
-import { Context, Effect, Exit, Layer, Logger, Schema, Scope } from "effect"
-import * as Actor from "../actors/runtime/Actor.ts"
-import * as Mailbox from "../actors/runtime/Mailbox.ts"
-import { ActorSettings } from "../actors/runtime/Settings.ts"
-import * as Worker from "../actors/runtime/Worker.ts"
-import { jsonLogger } from "../core/Log.ts"
+import { Effect } from "effect"
 import * as Nats from "../core/Nats.ts"
-import * as Storage from "../core/Storage.ts"
+import { root } from "../deploy/tools.mjs"
 import { startNatsServer } from "../test/harness/NatsServer.ts"
 
 const N = Number(process.argv[2] ?? 20_000)
 const IDS = 256
 const PACED = 1_500
-const PACE_PER_S = 500
+const PARTITIONS = 32
 
-let handled = 0
-let latencies: Array<number> = []
-let measuring = false
-
-const Counter = Actor.make({
-  name: "counter",
-  state: Schema.Struct({ count: Schema.Number }),
-  initial: { count: 0 },
-  message: Schema.Union(Schema.TaggedStruct("Inc", { sentAt: Schema.Number })),
-  handler: (state, message) =>
-    Effect.sync(() => {
-      handled++
-      if (measuring) latencies.push(performance.timeOrigin + performance.now() - message.sentAt)
-      return { state: { count: state.count + 1 } }
-    }),
-})
-
-const now = () => performance.timeOrigin + performance.now()
-const pct = (xs: Array<number>, p: number) => {
+const pct = (xs: ReadonlyArray<number>, p: number) => {
   const s = [...xs].sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN
 }
-const fmt = (label: string, rate: number, lat: Array<number>) =>
-  console.log(
-    `${label.padEnd(28)} ${rate.toFixed(0).padStart(7)} msg/s   p50 ${pct(lat, 50).toFixed(2)} ms   p99 ${pct(lat, 99).toFixed(2)} ms`,
+
+interface Child {
+  readonly process: ChildProcess
+  /** The next message `test` accepts. */
+  readonly next: <A>(test: (m: Record<string, unknown>) => A | undefined) => Promise<A>
+  /** The latest message with `key`. */
+  readonly latest: (key: string) => Record<string, unknown> | undefined
+  readonly send: (m: unknown) => void
+}
+
+const start = (...args: Array<string>): Child => {
+  const child = fork(join(root, "bench", "actors-child.ts"), args, {
+    execArgv: ["--import", "tsx"],
+    cwd: root,
+    stdio: ["ignore", "inherit", "inherit", "ipc"],
+  })
+  const latest = new Map<string, Record<string, unknown>>()
+  const waiters = new Set<(m: Record<string, unknown>) => void>()
+  child.on("message", (raw) => {
+    const m = raw as Record<string, unknown>
+    for (const key of Object.keys(m)) latest.set(key, m)
+    for (const w of [...waiters]) w(m)
+  })
+  return {
+    process: child,
+    next: (test) =>
+      new Promise((resolve, reject) => {
+        const w = (m: Record<string, unknown>) => {
+          const value = test(m)
+          if (value === undefined) return
+          waiters.delete(w)
+          resolve(value)
+        }
+        waiters.add(w)
+        child.once("exit", (code) => reject(new Error(`${args[0]} exited with ${code}`)))
+      }),
+    latest: (key) => latest.get(key),
+    send: (m) => child.send(m as never),
+  }
+}
+
+const stop = (child: Child) =>
+  new Promise<void>((resolve) => {
+    if (child.process.exitCode !== null) return resolve()
+    child.process.once("exit", () => resolve())
+    child.process.kill("SIGTERM")
+  })
+
+/** Sum of `handled` over `consumers` once it reaches `count`, with the latest handled time. */
+const handledAll = async (consumers: ReadonlyArray<Child>, count: number) => {
+  while (true) {
+    const seen = consumers.map((c) => c.latest("handled"))
+    const total = seen.reduce((a, m) => a + Number(m?.handled ?? 0), 0)
+    if (total >= count) return Math.max(...seen.map((m) => Number(m?.lastAt ?? 0)))
+    await new Promise((r) => setTimeout(r, 10))
+  }
+}
+
+interface Row {
+  readonly label: string
+  readonly rate: number
+  readonly cpuPerMessageUs: number
+  readonly senderRate: number
+  readonly latencies: ReadonlyArray<number>
+}
+
+/** One measured run: consumers (already holding their partitions), a sender, throughput then pacing. */
+const measure = async (
+  label: string,
+  consumers: ReadonlyArray<Child>,
+  sender: (tag: string) => Child,
+): Promise<Row> => {
+  for (const c of consumers) c.send({ go: true })
+  const s = sender(label.replace(/\W/g, ""))
+  const sent = await s.next((m) => ("t0" in m ? m : undefined))
+  const t0 = Number(sent.t0)
+  const last = await handledAll(consumers, N)
+  const rate = N / ((last - t0) / 1000)
+  const senderRate = N / ((Number(sent.t1) - t0) / 1000)
+  s.send({ paced: PACED })
+  await s.next((m) => ("pacedDone" in m ? true : undefined))
+  await handledAll(consumers, N + PACED)
+  const reports = await Promise.all(
+    consumers.map((c) => {
+      const answer = c.next((m) => ("latencies" in m ? m : undefined))
+      c.send({ report: true })
+      return answer
+    }),
   )
-const waitUntil = (cond: () => boolean) =>
-  Effect.gen(function* () {
-    while (!cond()) yield* Effect.sleep("5 millis")
-  })
+  await stop(s)
+  const latencies = reports.flatMap((r) => r.latencies as Array<number>)
+  // CPU of the consumers over the whole run (throughput and paced phase) per message handled.
+  const cpu = reports.reduce((a, r) => a + Number(r.cpuUs), 0)
+  return { label, rate, senderRate, latencies, cpuPerMessageUs: cpu / (N + PACED) }
+}
 
-const paced = <E, R>(send: (i: number) => Effect.Effect<void, E, R>) =>
-  Effect.gen(function* () {
-    const start = now()
-    for (let i = 0; i < PACED; i++) {
-      const due = start + (i * 1000) / PACE_PER_S
-      const wait = due - now()
-      if (wait > 0) yield* Effect.sleep(`${wait} millis`)
-      yield* Effect.fork(send(i))
-    }
-  })
+const print = (row: Row) =>
+  console.log(
+    `${row.label.padEnd(34)} ${row.rate.toFixed(0).padStart(7)} msg/s   p50 ${pct(row.latencies, 50).toFixed(2)} ms   p99 ${pct(row.latencies, 99).toFixed(2)} ms   ${row.cpuPerMessageUs.toFixed(0).padStart(4)} µs CPU/msg   (sender ${row.senderRate.toFixed(0)} msg/s)`,
+  )
 
-const baseline = (url: string) =>
-  Effect.gen(function* () {
-    const { js, jsm } = yield* Nats.Nats
-    yield* Effect.promise(() =>
-      jsm.streams.add({
-        name: "BENCH",
-        subjects: ["bench.>"],
-        retention: "workqueue" as never,
-        duplicate_window: 120e9,
-      }),
-    )
-    yield* Effect.promise(() =>
-      jsm.consumers.add("BENCH", {
-        durable_name: "b",
-        ack_policy: AckPolicy.Explicit,
-        deliver_policy: DeliverPolicy.All,
-        max_ack_pending: 1000,
-      }),
-    )
-    const pub = (i: number, tag: string) =>
-      Effect.promise(() =>
-        js.publish(`bench.${i % IDS}`, JSON.stringify({ _tag: "Inc", sentAt: now() }), {
-          msgID: `${tag}${i}`,
+const bare = async (url: string) => {
+  await Effect.runPromise(
+    Effect.gen(function* () {
+      const { jsm } = yield* Nats.Nats
+      yield* Effect.promise(() =>
+        jsm.streams.add({
+          name: "BENCH",
+          subjects: ["bench.>"],
+          retention: "workqueue" as never,
+          duplicate_window: 120e9,
         }),
       )
-    const consumer = yield* Effect.promise(() => js.consumers.get("BENCH", "b"))
-    let received = 0
-    const lat: Array<number> = []
-    let measure = false
-    const messages = yield* Effect.promise(() =>
-      consumer.consume({
-        callback: (m) => {
-          const sentAt = (m.json() as { sentAt: number }).sentAt
-          if (measure) lat.push(now() - sentAt)
-          received++
-          m.ack()
-        },
-      }),
-    )
-    const t0 = now()
-    yield* Effect.forEach(
-      Array.from({ length: N }, (_, i) => i),
-      (i) => pub(i, "t"),
-      { concurrency: 64, discard: true },
-    )
-    const sendRate = N / ((now() - t0) / 1000)
-    yield* waitUntil(() => received >= N)
-    const rate = N / ((now() - t0) / 1000)
-    measure = true
-    yield* paced((i) => Effect.asVoid(pub(i, "p")))
-    yield* waitUntil(() => received >= N + PACED)
-    yield* Effect.promise(() => messages.close())
-    fmt("bare JetStream loop", rate, lat)
-    console.log(`  (the sends themselves completed at ${sendRate.toFixed(0)} msg/s)`)
-    void url
-    return rate
-  })
-
-const actorRun = (url: string, workers: number) =>
-  Effect.gen(function* () {
-    const prefix = `bench${workers}`
-    const settings = ActorSettings.layer({})
-    const quiet = Logger.replace(
-      Logger.defaultLogger,
-      jsonLogger((line) => {
-        // Rendered either way (its cost counts); only warnings and errors are shown.
-        if (!line.includes('"level":"info"')) process.stderr.write(`${line}\n`)
-      }),
-    )
-    const mailbox = yield* Mailbox.Mailbox
-    handled = 0
-    latencies = []
-    const send = (i: number, tag: string) =>
-      Effect.orDie(
-        mailbox.send(Counter, `c${i % IDS}`, { _tag: "Inc", sentAt: now() }, { msgId: `${tag}${i}` }),
+      yield* Effect.promise(() =>
+        jsm.consumers.add("BENCH", {
+          durable_name: "b",
+          ack_policy: AckPolicy.Explicit,
+          deliver_policy: DeliverPolicy.All,
+          max_ack_pending: 1000,
+        }),
       )
-    const scopes: Array<Scope.CloseableScope> = []
-    const started: Array<Worker.WorkerService> = []
-    for (let w = 0; w < workers; w++) {
-      const scope = yield* Scope.make()
-      scopes.push(scope)
-      const layer = Worker.layer([Counter]).pipe(
-        Layer.provide(Storage.layerPrefix(prefix)),
-        Layer.provide(settings),
-        Layer.provide(Nats.layerUrl(url, `bench-worker-${w}`)),
-        Layer.provide(quiet),
-      )
-      started.push(Context.get(yield* Layer.buildWithScope(layer, scope), Worker.Worker))
-    }
-    // From the moment every worker holds its share of the partitions.
-    while (true) {
-      const owned = yield* Effect.forEach(started, (w) => w.owned)
-      const total = owned.reduce((a, o) => a + o.length, 0)
-      if (total === 32 && owned.every((o) => o.length >= Math.floor(32 / workers))) break
-      yield* Effect.sleep("5 millis")
-    }
-    const t0 = now()
-    yield* Effect.forEach(
-      Array.from({ length: N }, (_, i) => i),
-      (i) => send(i, "t"),
-      { concurrency: 64, discard: true },
-    )
-    const sendRate = N / ((now() - t0) / 1000)
-    yield* waitUntil(() => handled >= N)
-    const rate = N / ((now() - t0) / 1000)
-    measuring = true
-    yield* paced((i) => send(i, "p"))
-    yield* waitUntil(() => handled >= N + PACED)
-    measuring = false
-    fmt(`actors, ${workers} worker${workers > 1 ? "s" : ""}`, rate, latencies)
-    console.log(`  (the sends themselves completed at ${sendRate.toFixed(0)} msg/s)`)
-    for (const scope of scopes) yield* Scope.close(scope, Exit.void)
-    return rate
-  }).pipe(
-    Effect.provide(
-      Mailbox.layer.pipe(
-        Layer.provideMerge(Storage.layerPrefix(`bench${workers}`)),
-        Layer.provideMerge(ActorSettings.layer({})),
-        Layer.provideMerge(Nats.layerUrl(url, "bench-client")),
-      ),
-    ),
+    }).pipe(Effect.provide(Nats.layerUrl(url, "bench-setup")), Effect.scoped),
   )
+  const consumer = start("consumer", url)
+  await consumer.next((m) => ("owned" in m ? true : undefined))
+  const row = await measure("bare JetStream loop", [consumer], (tag) =>
+    start("sender", url, "bench-bare", "bare", String(N), String(IDS), tag),
+  )
+  await stop(consumer)
+  return row
+}
+
+const actors = async (url: string, workers: number, groupMax: number) => {
+  const prefix = `bench${workers}g${groupMax}`
+  const children = Array.from({ length: workers }, () => start("worker", url, prefix, String(groupMax)))
+  // From the moment every worker holds its share of the partitions.
+  while (true) {
+    const owned = children.map((c) => Number(c.latest("owned")?.owned ?? 0))
+    const total = owned.reduce((a, b) => a + b, 0)
+    if (total === PARTITIONS && owned.every((o) => o >= Math.floor(PARTITIONS / workers))) break
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  const label = `actors, ${workers} worker${workers > 1 ? "s" : ""}${groupMax === 1 ? ", group max 1" : ""}`
+  const row = await measure(label, children, (tag) =>
+    start("sender", url, prefix, "actor", String(N), String(IDS), tag),
+  )
+  await Promise.all(children.map(stop))
+  return row
+}
 
 const server = await startNatsServer({ syncAlways: false })
 try {
   console.log(
-    `nats-server ${server.url} (sync_interval default), ${N} messages, ${IDS} actor ids, 32 partitions`,
+    `nats-server ${server.url} (sync_interval default), ${N} messages, ${IDS} actor ids, ${PARTITIONS} partitions, one process per role`,
   )
-  const bare = await Effect.runPromise(
-    baseline(server.url).pipe(Effect.provide(Nats.layerUrl(server.url, "bench-bare")), Effect.scoped),
-  )
-  const one = await Effect.runPromise(actorRun(server.url, 1))
-  const two = await Effect.runPromise(actorRun(server.url, 2))
+  const base = await bare(server.url)
+  print(base)
+  const rows = [
+    await actors(server.url, 1, 64),
+    await actors(server.url, 2, 64),
+    await actors(server.url, 1, 1),
+  ]
+  for (const row of rows) print(row)
   console.log(
-    `actors/bare: 1 worker ${((100 * one) / bare).toFixed(0)}%, 2 workers ${((100 * two) / bare).toFixed(0)}%`,
+    `actors/bare: ${rows.map((r) => `${r.label.replace("actors, ", "")} ${((100 * r.rate) / base.rate).toFixed(0)}%`).join(", ")}`,
   )
 } finally {
   await server.stop()

@@ -15,6 +15,8 @@ export interface ActorSettingsShape {
   readonly ackWaitMs: number
   /** Unacknowledged messages per partition (different actors run side by side; one actor's in order). */
   readonly maxInFlight: number
+  /** At most this many of one actor's waiting messages are applied as one group with one state write (1 = a write per message). */
+  readonly groupMax: number
   /** First retry delay of a retryable handler failure; doubled per attempt up to `retryMaxMs` (keep it below `ackWaitMs`). */
   readonly retryBaseMs: number
   readonly retryMaxMs: number
@@ -31,6 +33,7 @@ export const ActorSettings = defineSettings(
     renewMs: 3_333,
     ackWaitMs: 30_000,
     maxInFlight: 256,
+    groupMax: 64,
     retryBaseMs: 200,
     retryMaxMs: 10_000,
     workerId: "",
@@ -41,6 +44,7 @@ export const ActorSettings = defineSettings(
     renewMs: env.integer("ACTOR_RENEW_MS", d.renewMs),
     ackWaitMs: env.integer("ACTOR_ACK_WAIT_MS", d.ackWaitMs),
     maxInFlight: env.integer("ACTOR_MAX_IN_FLIGHT", d.maxInFlight),
+    groupMax: env.integer("ACTOR_GROUP_MAX", d.groupMax),
     retryBaseMs: env.integer("ACTOR_RETRY_BASE_MS", d.retryBaseMs),
     retryMaxMs: env.integer("ACTOR_RETRY_MAX_MS", d.retryMaxMs),
     workerId: env.string("ACTOR_WORKER_ID", d.workerId),

@@ -66,9 +66,6 @@ export interface WorkerService {
 /** A running worker. */
 export class Worker extends Context.Tag("hangar/actors/Worker")<Worker, WorkerService>() {}
 
-/** At most this many of one actor's waiting messages are handled as one group (one state write). */
-const GROUP_MAX = 64
-
 interface Owned {
   readonly actor: AnyActor
   readonly partition: number
@@ -145,7 +142,7 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
         const nextGroup = (id: string, queue: Array<Delivery>) =>
           Effect.sync(() => {
             // Checked and removed in one step, so a delivery queued meanwhile is never stranded.
-            if (queue.length > 0) return queue.splice(0, GROUP_MAX)
+            if (queue.length > 0) return queue.splice(0, Math.max(1, settings.groupMax))
             waiting.delete(id)
             return undefined
           })
