@@ -1,5 +1,7 @@
 /**
- * Run figures through HTTP on the whole stack (`test/harness/Stack.ts`, namespace driver): from
+ * Run figures through HTTP on the whole stack (`test/harness/Stack.ts`, namespace driver, all roles
+ * in this process as `npm start` runs them, production actor leases; the caller is its own process,
+ * `bench/runs-client.ts`): from
  * `POST /v1/functions/{id}/runs` to the first `bash true` result (the command is sent right after
  * the start, while the run is queued, and its end is awaited with `GET …/commands/{cid}?wait=25`),
  * p50/p95 over `runs` runs one after another; then the command round trip (`POST` a `bash true` on
@@ -10,20 +12,16 @@
  *
  *   node --import tsx bench/runs.ts [runs=50] [commands=200]
  */
+import { fork } from "node:child_process"
+import { join } from "node:path"
 import { Effect } from "effect"
+import { root } from "../deploy/tools.mjs"
 import { ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
 import { scopedOn } from "../host-agent/machines/MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
-import {
-  createAccount,
-  type Json,
-  publish,
-  type Stack,
-  startStack,
-  type TestAccount,
-} from "../test/harness/Stack.ts"
+import { createAccount, publish, type Stack, startStack, type TestAccount } from "../test/harness/Stack.ts"
 
 const runs = Number(process.argv[2] ?? 50)
 const commands = Number(process.argv[3] ?? 200)
@@ -34,50 +32,28 @@ const pct = (xs: Array<number>, p: number) => {
 }
 const ms = (n: number) => `${n.toFixed(2)} ms`
 
-// Keep-alive fetch (a client's usual connection reuse); the gateway is never restarted here.
-const api = async (
-  stack: Stack,
-  who: TestAccount,
-  method: string,
-  path: string,
-  body?: unknown,
-): Promise<Json> => {
-  const res = await fetch(`${stack.url}${path}`, {
-    method,
-    headers: { ...who.admin, ...(body === undefined ? {} : { "content-type": "application/json" }) },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  })
-  const text = await res.text()
-  if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${text}`)
-  return JSON.parse(text)
-}
-
-/** Sends `bash true` and waits for its end; answers the ended record. */
-const bashTrue = async (stack: Stack, who: TestAccount, run: string) => {
-  const sent = await api(stack, who, "POST", `/v1/runs/${run}/commands`, {
-    kind: "bash",
-    arguments: { command: "true" },
-  })
-  for (;;) {
-    const c = await api(stack, who, "GET", `/v1/runs/${run}/commands/${sent.id}?wait=25`)
-    if (c.state === "succeeded" || c.state === "failed" || c.state === "cancelled") {
-      if (c.state !== "succeeded") {
-        const r = await api(stack, who, "GET", `/v1/runs/${run}`)
-        throw new Error(`bash true ended ${c.state}: ${JSON.stringify(c)}; the run: ${JSON.stringify(r)}`)
+/** The caller's figures, and the server's CPU per command over the round-trip phase. */
+const client = (stack: Stack, who: TestAccount, fn: string) =>
+  new Promise<{ first: Array<number>; rtt: Array<number>; cpuMs: number }>((resolve, reject) => {
+    const child = fork(
+      join(root, "bench", "runs-client.ts"),
+      [stack.url, JSON.stringify(who.admin), fn, String(runs), String(commands)],
+      { execArgv: ["--import", "tsx"], cwd: root, stdio: ["ignore", "inherit", "inherit", "ipc"] },
+    )
+    let cpu0 = process.cpuUsage()
+    let cpuMs = 0
+    child.on("message", (raw) => {
+      const m = raw as { started?: string; commands?: string; first?: Array<number>; rtt?: Array<number> }
+      if (m.started !== undefined) stack.runs.add(m.started)
+      if (m.commands === "start") cpu0 = process.cpuUsage()
+      if (m.commands === "end") {
+        const used = process.cpuUsage(cpu0)
+        cpuMs = (used.user + used.system) / 1000 / commands
       }
-      return c
-    }
-  }
-}
-
-/** Waits for the run to end (the next start should find the room free). */
-const ended = async (stack: Stack, who: TestAccount, run: string) => {
-  for (;;) {
-    const r = await api(stack, who, "GET", `/v1/runs/${run}`)
-    if (r.state === "succeeded" || r.state === "failed") return r
-    await new Promise((ok) => setTimeout(ok, 20))
-  }
-}
+      if (m.first !== undefined && m.rtt !== undefined) resolve({ first: m.first, rtt: m.rtt, cpuMs })
+    })
+    child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
+  })
 
 const bareExec = Effect.scoped(
   Effect.gen(function* () {
@@ -112,46 +88,22 @@ const bareExec = Effect.scoped(
 )
 
 const main = async () => {
-  const stack = await startStack({ hostVcpus: 2 })
+  // Production actor leases (the test stack's short ones renew a lease every 300 ms).
+  const stack = await startStack({
+    hostVcpus: 2,
+    settings: { ACTOR_LEASE_MS: 10_000, ACTOR_RENEW_MS: 3_333, ACTOR_ACK_WAIT_MS: 30_000 },
+  })
   let left: ReadonlyArray<string> = []
   try {
     const who = await createAccount(stack, { creditUsd: 100 })
     const fn = await publish(stack, who, { timeout_minutes: 60 })
-    const first: Array<number> = []
-    for (let i = 0; i < runs; i++) {
-      const t0 = performance.now()
-      const run = await api(stack, who, "POST", `/v1/functions/${fn.function}/runs`, { prompt: "bench" })
-      stack.runs.add(run.id)
-      await bashTrue(stack, who, run.id)
-      first.push(performance.now() - t0)
-      await api(stack, who, "POST", `/v1/runs/${run.id}/commands`, {
-        kind: "finish",
-        arguments: { state: "failed" },
-      })
-      await ended(stack, who, run.id)
-    }
-
-    const run = await api(stack, who, "POST", `/v1/functions/${fn.function}/runs`, { prompt: "bench" })
-    stack.runs.add(run.id)
-    await bashTrue(stack, who, run.id)
-    const rtt: Array<number> = []
-    for (let j = 0; j < commands; j++) {
-      const t = performance.now()
-      await bashTrue(stack, who, run.id)
-      rtt.push(performance.now() - t)
-    }
-    await api(stack, who, "POST", `/v1/runs/${run.id}/commands`, {
-      kind: "finish",
-      arguments: { state: "failed" },
-    })
-    await ended(stack, who, run.id)
-
+    const { first, rtt, cpuMs } = await client(stack, who, String(fn.function))
     const { rtt: bare, paced } = await Effect.runPromise(bareExec)
     console.log(
       `POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
     )
     console.log(
-      `command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms)`,
+      `command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms); server CPU ${cpuMs.toFixed(2)} ms per command`,
     )
     console.log(
       `bare driver exec, bash true over an open session (${commands}): p50 ${ms(pct(bare, 50))}, p99 ${ms(pct(bare, 99))}`,

@@ -142,14 +142,20 @@ export const routes = [
         Effect.gen(function* () {
           const { wait = 0 } = yield* decodeQuery(GetCommandQuery, query)
           const run = yield* runFor(principal, params.id)
-          const { record, seq } = yield* commandOf(run.id, params.cid)
-          if (wait === 0 || Records.isEnded(record)) return json(record)
-          const ended = yield* upTo(Duration.seconds(wait), Records.awaitEnded(run.id, seq))
-          return json(
-            Option.isSome(ended) && Option.isSome(ended.value)
-              ? ended.value.value
-              : yield* current(run.id, seq, record),
+          if (wait === 0) return json((yield* commandOf(run.id, params.cid)).record)
+          const seq = yield* Records.sequenceOf(run.id, params.cid)
+          if (Option.isNone(seq)) return yield* Effect.fail(ApiError.notFound("command"))
+          let latest: CommandRecord | undefined
+          const ended = yield* upTo(
+            Duration.seconds(wait),
+            Records.awaitEndedOf(run.id, seq.value, params.cid, (r) => {
+              latest = r
+            }),
           )
+          const record = Option.getOrElse(ended, () => latest)
+          if (record === undefined || record.id !== params.cid)
+            return yield* Effect.fail(ApiError.notFound("command"))
+          return json(record)
         }),
     }),
     {

@@ -233,8 +233,8 @@ const openWrapper = (client: ssh2.Client, slots: Slots): Promise<Spare> => {
 
 /**
  * The session's wrappers: each command takes the one opened ahead (or opens one when none is
- * ready) and the next is opened at once, so the cgroup move of the next command happens while the
- * machine waits for it.
+ * ready) and the next is opened right after, so the cgroup move of the next command happens while
+ * the machine waits for it.
  */
 class Wrappers {
   private spare: Promise<Spare> | undefined
@@ -244,11 +244,18 @@ class Wrappers {
   ) {}
   async take(): Promise<Spare> {
     const ready = this.spare
-    this.spare = openWrapper(this.client, this.slots)
-    this.spare.catch(() => undefined)
+    this.spare = undefined
     const found = ready === undefined ? undefined : await ready.catch(() => undefined)
     const spare = found === undefined || found.closed ? await openWrapper(this.client, this.slots) : found
     spare.taken = true
+    // The next wrapper is opened once this one has its arguments (its command writes them as soon
+    // as this resolves): on the wire they go first, and the guest's sshd starts this command
+    // before it forks the next wrapper.
+    setImmediate(() => {
+      if (this.spare !== undefined) return
+      this.spare = openWrapper(this.client, this.slots)
+      this.spare.catch(() => undefined)
+    })
     return spare
   }
   /**
