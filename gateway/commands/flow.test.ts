@@ -152,6 +152,20 @@ describe("commands on a running machine", () => {
     expect(later.sequence).toBeGreaterThanOrEqual(woke.sequence)
   })
 
+  it("a command still working shows running with the started_at it ends with; a short one ends with its start", async () => {
+    const long = await send("bash", { command: "sleep 1" })
+    const running = await watchCommand(long.id, (c) => c.state === "running")
+    const longEnded = await waitCommand(stack, a, run, long.id)
+    expect(longEnded.state).toBe("succeeded")
+    expect(longEnded.started_at).toBe(running.started_at)
+    expect(Date.parse(longEnded.ended_at) - Date.parse(longEnded.started_at)).toBeGreaterThanOrEqual(900)
+    const short = await send("bash", { command: "true" })
+    const shortEnded = await waitCommand(stack, a, run, short.id)
+    expect(shortEnded.state).toBe("succeeded")
+    expect(Date.parse(shortEnded.started_at)).toBeGreaterThanOrEqual(Date.parse(shortEnded.created_at))
+    expect(Date.parse(shortEnded.started_at)).toBeLessThanOrEqual(Date.parse(shortEnded.ended_at))
+  })
+
   it("cancel kills a running sleep and answers it cancelled; its output is done", async () => {
     const sent = await send("bash", { command: "echo started; sleep 300" })
     await watchCommand(sent.id, (c) => c.state === "running")

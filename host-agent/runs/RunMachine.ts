@@ -63,7 +63,7 @@ import {
   type CommandResult,
   endedCommandStates,
 } from "../../schema/Command.ts"
-import { timestamp } from "../../schema/Common.ts"
+import { type Timestamp, timestamp } from "../../schema/Common.ts"
 import type { EventId } from "../../schema/Ids.ts"
 import type { RunFailure, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
@@ -139,8 +139,13 @@ interface Tracked {
   done: boolean
   /** The fiber that writes its end (dispatched kinds) or handles it (`finish`). */
   fiber?: Fiber.RuntimeFiber<void>
-  /** The fiber writing `running` while the command already works; its end waits for it. */
+  /**
+   * The fiber that writes `running` once the command has worked for `runningAfterMs`; its end
+   * interrupts it while it still waits, and waits for it once it writes.
+   */
   marking?: Fiber.RuntimeFiber<void>
+  /** When the machine started it (its `started_at`, whether or not `running` was written). */
+  startedAt?: Timestamp
   /** Dispatched through the dispatcher (cancel there), or handled here (interrupt the fiber). */
   dispatched: boolean
   lock: Effect.Semaphore
@@ -234,7 +239,8 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     const markRunning = (t: Tracked) =>
       Effect.gen(function* () {
         if (t.done || t.record.state !== "queued") return
-        yield* writeRecord(t, { ...t.record, state: "running", started_at: yield* now } as CommandRecord)
+        const startedAt = t.startedAt ?? (yield* now)
+        yield* writeRecord(t, { ...t.record, state: "running", started_at: startedAt } as CommandRecord)
       })
 
     const commandFinished = (record: CommandRecord) =>
@@ -270,13 +276,15 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     // midway: a record ended here always has its log line and webhook.
     const finishRecord = (t: Tracked, outcome: Outcome) =>
       Effect.gen(function* () {
-        if (t.marking) yield* Fiber.await(t.marking)
+        // Still waiting to write `running`: it never will; already writing: that write comes first.
+        if (t.marking) yield* Fiber.interrupt(t.marking)
         if (t.done) return
         const at = yield* now
         const base = { ...t.record, ended_at: at }
+        const started = base.started_at ?? t.startedAt ?? at
         const next = (
           outcome.state === "succeeded"
-            ? { ...base, state: "succeeded", result: outcome.result, started_at: base.started_at ?? at }
+            ? { ...base, state: "succeeded", result: outcome.result, started_at: started }
             : outcome.state === "failed"
               ? { ...base, state: "failed", error: outcome.error }
               : { ...base, state: "cancelled" }
@@ -435,18 +443,20 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         const dispatcher = yield* Dispatcher.make({
           guest,
           context,
-          // `running` is written beside the command's start, not before it: the end waits for it.
+          // `running` is written only for a command that is still working `runningAfterMs` after
+          // its start (a short one costs one write, its end); the end interrupts the wait.
           onStart: (record) => {
             const t = tracked.get(record.id)
-            return t === undefined
-              ? Effect.void
-              : Effect.asVoid(
-                  Effect.tap(Effect.forkIn(markRunning(t), scope), (f) =>
-                    Effect.sync(() => {
-                      t.marking = f
-                    }),
-                  ),
-                )
+            if (t === undefined) return Effect.void
+            return Effect.gen(function* () {
+              t.startedAt = yield* now
+              t.marking = yield* Effect.forkIn(
+                Effect.sleep(settings.runningAfterMs).pipe(
+                  Effect.zipRight(Effect.uninterruptible(markRunning(t))),
+                ),
+                scope,
+              )
+            })
           },
         }).pipe(ScopeOps.extend(scope))
         yield* handOver(dispatcher)

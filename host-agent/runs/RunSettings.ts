@@ -12,14 +12,21 @@ export interface RunSettingsShape {
    * machine anyway; the run actor marks what is left `cancelled`.
    */
   readonly endGraceMs: number
+  /**
+   * A command still working this long after it started is written `running` (with its real
+   * `started_at`); one that ends sooner goes straight from `queued` to its end, one write instead
+   * of two. The spec names no state between `queued` and the end.
+   */
+  readonly runningAfterMs: number
 }
 
 /** The runs' settings. */
 export const RunSettings = defineSettings(
   "host-agent/RunSettings",
-  { logFlushMs: 30_000, endGraceMs: 10_000 } as RunSettingsShape,
+  { logFlushMs: 30_000, endGraceMs: 10_000, runningAfterMs: 50 } as RunSettingsShape,
   (d) => ({
     logFlushMs: env.integer("RUN_LOG_FLUSH_MS", d.logFlushMs),
     endGraceMs: env.integer("RUN_END_GRACE_MS", d.endGraceMs),
+    runningAfterMs: env.integer("RUN_RUNNING_AFTER_MS", d.runningAfterMs),
   }),
 )
