@@ -103,8 +103,51 @@ const expectWholeMinutes = (entries: ReadonlyArray<Json>): number => {
   return next - 1
 }
 
+/**
+ * Four runs with work sent while queued; the gateway is restarted while the first runs and the
+ * actor worker killed (no drain, leases left to expire) while the second does: every run and
+ * command still succeeds, and each run is billed its whole minutes once.
+ */
+const restartsLoseNothing = async (stack: Stack, acct: TestAccount, minuteMs: number) => {
+  const fn = await publish(stack, acct, { timeout_minutes: 600 })
+  const runs: Array<string> = []
+  for (let i = 0; i < 4; i++) runs.push((await startRun(stack, acct, fn.function, { prompt: `r${i}` })).id)
+  const commands = new Map<string, Array<string>>()
+  for (const [i, run] of runs.entries()) {
+    const ids: Array<string> = []
+    for (const [kind, args] of [
+      ["bash", { command: "sleep 3" }],
+      ["write", { file_path: "out/result.txt", content: `r${i}` }],
+      ["finish", { state: "succeeded" }],
+    ] as const) {
+      const sent = await sendCommandAnswer(stack, acct, run, kind, args)
+      expect(sent.status, sent.text).toBe(201)
+      ids.push(sent.body.id)
+    }
+    commands.set(run, ids)
+  }
+  await waitRun(stack, acct, runs[0]!, { until: (r) => r.state === "running" })
+  await stack.stopGateway()
+  await stack.startGateway()
+  await waitRun(stack, acct, runs[1]!, { until: (r) => r.state === "running" })
+  await stack.killActors()
+  await stack.startActors()
+  for (const run of runs) {
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 180_000 })
+    expect(ended.state, `${JSON.stringify(ended)}\n${problems(stack)}`).toBe("succeeded")
+    for (const id of commands.get(run)!) {
+      const c = await waitCommand(stack, acct, run, id)
+      expect(c.state, JSON.stringify(c)).toBe("succeeded")
+    }
+    const minutes = expectWholeMinutes(await computeEntries(stack, acct, run))
+    expect(minutes).toBe(
+      Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / minuteMs)),
+    )
+  }
+}
+
 describe("a host with room for two", () => {
-  const MINUTE_MS = 2_000
+  const minuteMs = 2_000
   let stack: Stack
   let acct: TestAccount
   let dir: string
@@ -116,7 +159,7 @@ describe("a host with room for two", () => {
     hook = await receiver(tls)
     stack = await startStack({
       hostVcpus: 2,
-      minuteMs: MINUTE_MS,
+      minuteMs: minuteMs,
       queueTimeoutMs: 600_000,
       webhookAllowPrivate: true,
       webhookCaFile: tls.certFile,
@@ -168,43 +211,11 @@ describe("a host with room for two", () => {
     }
   }, 400_000)
 
-  it("a gateway restart and an actor worker kill during runs lose nothing", async () => {
-    const fn = await publish(stack, acct, { timeout_minutes: 600 })
-    const runs: Array<string> = []
-    for (let i = 0; i < 4; i++) runs.push((await startRun(stack, acct, fn.function, { prompt: `r${i}` })).id)
-    const commands = new Map<string, Array<string>>()
-    for (const [i, run] of runs.entries()) {
-      const ids: Array<string> = []
-      for (const [kind, args] of [
-        ["bash", { command: "sleep 3" }],
-        ["write", { file_path: "out/result.txt", content: `r${i}` }],
-        ["finish", { state: "succeeded" }],
-      ] as const) {
-        const sent = await sendCommandAnswer(stack, acct, run, kind, args)
-        expect(sent.status, sent.text).toBe(201)
-        ids.push(sent.body.id)
-      }
-      commands.set(run, ids)
-    }
-    await waitRun(stack, acct, runs[0]!, { until: (r) => r.state === "running" })
-    await stack.stopGateway()
-    await stack.startGateway()
-    await waitRun(stack, acct, runs[1]!, { until: (r) => r.state === "running" })
-    await stack.killActors()
-    await stack.startActors()
-    for (const run of runs) {
-      const ended = await waitRun(stack, acct, run, { timeoutMs: 180_000 })
-      expect(ended.state, `${JSON.stringify(ended)}\n${problems(stack)}`).toBe("succeeded")
-      for (const id of commands.get(run)!) {
-        const c = await waitCommand(stack, acct, run, id)
-        expect(c.state, JSON.stringify(c)).toBe("succeeded")
-      }
-      const minutes = expectWholeMinutes(await computeEntries(stack, acct, run))
-      expect(minutes).toBe(
-        Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / MINUTE_MS)),
-      )
-    }
-  }, 400_000)
+  it(
+    "a gateway restart and an actor worker kill during runs lose nothing",
+    () => restartsLoseNothing(stack, acct, minuteMs),
+    400_000,
+  )
 
   it("a receiver failing twice then answering 200 gets the run's event three times under one id, signed", async () => {
     const fn = await publish(stack, acct)
@@ -275,4 +286,27 @@ describe("a host with no room", () => {
     const usage = await call(stack, "GET", "/v1/usage", acct.owner)
     expect(usage.body.entries.filter((e: Json) => e.run === waiting)).toEqual([])
   }, 120_000)
+})
+
+describe("every role in its own process (hangar serve <role>)", () => {
+  const minuteMs = 2_000
+  let stack: Stack
+  let acct: TestAccount
+
+  beforeAll(async () => {
+    stack = await startStack({ hostVcpus: 2, minuteMs: minuteMs, queueTimeoutMs: 600_000, processes: true })
+    acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
+  }, 120_000)
+
+  afterAll(async () => {
+    if (stack === undefined) return
+    const left = await stack.close()
+    expect(left, "machines left behind").toEqual([])
+  }, 120_000)
+
+  it(
+    "a gateway restart and an actor worker process SIGKILLed during runs lose nothing",
+    () => restartsLoseNothing(stack, acct, minuteMs),
+    400_000,
+  )
 })

@@ -23,6 +23,8 @@
  *   commands) go through the same paths as the operator commands and the HTTP API; nothing is
  *   written around them.
  */
+
+import { type ChildProcess, spawn } from "node:child_process"
 import { createHash, randomBytes } from "node:crypto"
 import { appendFileSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
@@ -51,6 +53,7 @@ import * as Kv from "../../core/Kv.ts"
 import * as Log from "../../core/Log.ts"
 import * as Nats from "../../core/Nats.ts"
 import { type Storage, Storage as StorageTag } from "../../core/Storage.ts"
+import { root } from "../../deploy/tools.mjs"
 import { personToken } from "../../gateway/auth/testing.ts"
 import * as Gateway from "../../gateway/main.ts"
 import { type Base, ensureTestBase } from "../../host-agent/bases/Bases.ts"
@@ -90,6 +93,11 @@ export interface StackOptions {
   readonly webhookCaFile?: string
   /** Any other `HANGAR_*` variable, by name without the prefix. */
   readonly settings?: Readonly<Record<string, string | number | boolean>>
+  /**
+   * Every role in its own process through the real entry point (`hangar serve <role>`), as they are
+   * deployed; their log lines still reach `lines`. Stopping a role is SIGTERM, killing it SIGKILL.
+   */
+  readonly processes?: boolean
 }
 
 /**
@@ -139,6 +147,8 @@ export interface Stack {
   readonly base: Base
   /** The `HANGAR_*` variables every role was built with. */
   readonly env: Readonly<Record<string, string>>
+  /** Whether each role runs in its own process (`StackOptions.processes`). */
+  readonly processes: boolean
   /** Every log line of every role so far. */
   readonly lines: Array<StackLine>
   /** Runs an effect with the stack's client services: NATS, storage, the account store, a mailbox. */
@@ -170,10 +180,34 @@ export type StackClient =
   | Accounts.Accounts
   | Layer.Layer.Success<typeof AccountClient.mailboxLayer>
 
-interface Piece {
+/** A role built in this process. */
+interface InProcess {
+  readonly _tag: "InProcess"
   readonly scope: Scope.CloseableScope
   readonly context: Context.Context<never>
 }
+
+/** A running role: built in this process, or a child process (`processes`). */
+type Piece = InProcess | { readonly _tag: "Child"; readonly child: ChildProcess }
+
+/** What `hangar serve` calls each role, and the line it logs once it is up. */
+const served: Record<Role, { readonly name: string; readonly ready: string }> = {
+  actors: { name: "actors", ready: "actor worker ready" },
+  host: { name: "host-agent", ready: "host actor consuming" },
+  gateway: { name: "gateway", ready: "gateway listening" },
+}
+
+/** Ends a child role: `signal`, then SIGKILL if it has not exited within 30 s. */
+const endChild = (child: ChildProcess, signal: NodeJS.Signals) =>
+  new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolve()
+    const force = setTimeout(() => child.kill("SIGKILL"), 30_000)
+    child.once("exit", () => {
+      clearTimeout(force)
+      resolve()
+    })
+    child.kill(signal)
+  })
 
 const freePort = () =>
   new Promise<number>((resolve, reject) => {
@@ -242,7 +276,47 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
       Logger.minimumLogLevel(LogLevel.Info),
     )
 
-  const build = async <A>(role: StackLine["role"], layer: Layer.Layer<A, unknown, never>): Promise<Piece> => {
+  // `processes`: the role runs as `hangar serve <role>` with the stack's variables; it is up once it
+  // logs its ready line (each of its lines goes to `lines` too).
+  const spawnRole = (role: Role): Promise<Piece> =>
+    new Promise((resolve, reject) => {
+      const child = spawn(
+        process.execPath,
+        ["--import", "tsx", join(root, "cli", "main.ts"), "serve", served[role].name],
+        {
+          cwd: root,
+          env: {
+            ...process.env,
+            ...Object.fromEntries(Object.entries(env).map(([k, v]) => [`HANGAR_${k}`, v])),
+          },
+          stdio: ["ignore", "ignore", "pipe"],
+        },
+      )
+      let up = false
+      let partial = ""
+      child.stderr?.setEncoding("utf8").on("data", (chunk: string) => {
+        const text = partial + chunk
+        const complete = text.split("\n")
+        partial = complete.pop() ?? ""
+        for (const line of complete) {
+          if (line === "") continue
+          lines.push({ role, line })
+          if (logFile !== undefined) appendFileSync(logFile, `${role} ${line}\n`)
+          if (!up && line.includes(`"msg":"${served[role].ready}"`)) {
+            up = true
+            resolve({ _tag: "Child", child })
+          }
+        }
+      })
+      child.once("exit", (code, signal) => {
+        if (!up) reject(new Error(`${role} exited before it was up (${code ?? signal})`))
+      })
+    })
+
+  const build = async <A>(
+    role: StackLine["role"],
+    layer: Layer.Layer<A, unknown, never>,
+  ): Promise<InProcess> => {
     const scope = Effect.runSync(Scope.make())
     const exit = await Effect.runPromiseExit(
       Layer.buildWithScope(layer, scope).pipe(
@@ -254,7 +328,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
       await closeScope(scope)
       throw new Error(`${role} did not start: ${String(exit.cause)}`)
     }
-    return { scope, context: exit.value as Context.Context<never> }
+    return { _tag: "InProcess" as const, scope, context: exit.value as Context.Context<never> }
   }
   const onNats = <A, E>(layer: Layer.Layer<A, E, Nats.Nats | Storage>) =>
     layer.pipe(Layer.provideMerge(Connected.layerUrl(nats.url))) as Layer.Layer<unknown, unknown, never>
@@ -267,18 +341,20 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const pieces = new Map<Role, Piece>()
   const start = async (role: Role) => {
     if (pieces.has(role)) return
-    pieces.set(role, await build(role, roleLayers[role]))
+    pieces.set(role, options.processes ? await spawnRole(role) : await build(role, roleLayers[role]))
   }
   const stop = async (role: Role) => {
     const piece = pieces.get(role)
     if (piece === undefined) return
     pieces.delete(role)
+    if (piece._tag === "Child") return endChild(piece.child, "SIGTERM")
     await closeScope(piece.scope)
   }
   const kill = async (role: Role) => {
     const piece = pieces.get(role)
     if (piece === undefined) return
     pieces.delete(role)
+    if (piece._tag === "Child") return endChild(piece.child, "SIGKILL")
     const { connection } = Context.get(piece.context as Context.Context<Nats.Nats>, Nats.Nats)
     await connection.close().catch(() => {})
     await closeScope(piece.scope)
@@ -314,6 +390,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     hostId,
     base,
     env,
+    processes: options.processes === true,
     lines,
     run: (fx) =>
       Effect.runPromise(
