@@ -234,9 +234,19 @@ export const make = <A, I>(
         return Option.some({ value, revision: entry.revision })
       })
 
+    // A write expecting no earlier value; when there is one, the client's own create decides (a
+    // deleted key counts as absent: it writes over the deletion's revision).
     const create: Kv<A>["create"] = (key, value) =>
-      Effect.flatMap(encode(key, value), (bytes) =>
-        attempt(`kv.create ${bucket}`, () => kv.create(key, bytes)).pipe(Effect.catchAll(conflictOr(key, 0))),
+      Effect.flatMap(encode(key, value), (text) =>
+        write(`kv.create ${bucket}`, key, text, 0).pipe(
+          Effect.catchAll((error) =>
+            isConflict(error)
+              ? attempt(`kv.create ${bucket}`, () => kv.create(key, text)).pipe(
+                  Effect.catchAll(conflictOr(key, 0)),
+                )
+              : Effect.fail(error),
+          ),
+        ),
       )
 
     const update: Kv<A>["update"] = (key, value, revision) =>

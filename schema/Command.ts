@@ -310,6 +310,14 @@ export const CommandRecord = Schema.Union(
 ).annotations({ identifier: "CommandRecord" })
 export type CommandRecord = typeof CommandRecord.Type
 
+/**
+ * What KV `commands` keeps under `<run>.id.<command>`: the sequence a command id was given. The run
+ * actor writes it before the record, so a command added again (a retried ask, a resumed agent) finds
+ * its sequence, and a reader finds a command by id, without the actor keeping every id.
+ */
+export const CommandIndex = Schema.Struct({ sequence: IntAtLeast(1) })
+export type CommandIndex = typeof CommandIndex.Type
+
 /** A long-poll `wait` query parameter: 0 to 25 seconds. */
 export const WaitSeconds = Schema.NumberFromString.pipe(
   Schema.filter(

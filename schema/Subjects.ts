@@ -214,8 +214,10 @@ export const kvKeys = {
   lastRun: (account: string, fn: string) => `${token(account)}.last.${token(fn)}`,
   // <run>.<seq>  (bucket `commands`)
   command: (run: string, seq: number) => `${token(run)}.${token(seq)}`,
-  // <run>.*  (bucket `commands`: every command of a run)
+  // <run>.*  (bucket `commands`: every command of a run; `commandIndex` keys are not matched)
   commandsOf: (run: string) => `${token(run)}.*`,
+  // <run>.id.<command>  (bucket `commands`: the sequence of a command id)
+  commandIndex: (run: string, command: string) => `${token(run)}.id.${token(command)}`,
   // <run>.<n>  (object store `logs`: the run's log part n, from 1)
   logPart: (run: string, n: number) => `${token(run)}.${token(n)}`,
   // <type>.<id>  (bucket `actors`)

@@ -131,8 +131,6 @@ export const RunActorState = Schema.Struct({
   run: Schema.optional(StoredRun),
   /** The next command sequence (from 1). */
   next_sequence: IntAtLeast(1),
-  /** Command ids added, by sequence (idempotent `AddCommand`). */
-  commands: Schema.Record({ key: Schema.String, value: IntAtLeast(1) }),
   /** Minutes charged so far (1-based, inclusive). */
   charged_through: Count,
   /** Rate and who started it, for ledger entries. */
@@ -142,7 +140,6 @@ export type RunActorState = typeof RunActorState.Type
 
 export const initialState: RunActorState = {
   next_sequence: 1,
-  commands: {},
   charged_through: 0,
   rate_usd_nanos_per_gib_hour: 0,
 }

@@ -13,7 +13,7 @@ import { derivedId, makeId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
 import * as Ledger from "../../core/Ledger.ts"
 import { Storage } from "../../core/Storage.ts"
-import { CommandRecord } from "../../schema/Command.ts"
+import { CommandIndex, CommandRecord } from "../../schema/Command.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { AccountId, BaseName, CommandId, FunctionId, KeyId, RunId } from "../../schema/Ids.ts"
 import { minutePriceUsdNanos } from "../../schema/Limits.ts"
@@ -468,6 +468,56 @@ describe("run actor: commands", () => {
           expect(yield* ask(run, addOf("e"))).toEqual({ ended: true })
           expect(commandOf(yield* ask(run, d))).toMatchObject({ id: d.id, state: "cancelled" })
           expect((yield* actorState(run)).next_sequence).toBe(5)
+        }),
+      ),
+  )
+})
+
+describe("run actor: command index", () => {
+  const addOf = (command = "true") => ({
+    _tag: "AddCommand" as const,
+    id: makeId("cmd") as CommandId,
+    kind: "bash" as const,
+    arguments: { command, timeout_ms: 1000 },
+    source: "agent" as const,
+    created_at: timestamp(Date.now()),
+  })
+
+  it.live(
+    "an id whose sequence was claimed by a lost attempt gets that sequence; the state does not grow with commands",
+    () =>
+      withWorker({}, () =>
+        Effect.gen(function* () {
+          const { create } = yield* startRun()
+          const run = create.id
+          for (let i = 0; i < 5; i++) yield* ask(run, addOf(`warm ${i}`))
+          const small = JSON.stringify(yield* actorState(run)).length
+          for (let i = 0; i < 60; i++) yield* ask(run, addOf(`more ${i}`))
+          const after = yield* actorState(run)
+          expect(after.next_sequence).toBe(66)
+          // Only the numbers' digits may differ: no per-command bookkeeping in the actor's state.
+          expect(JSON.stringify(after).length - small).toBeLessThan(8)
+
+          // An earlier attempt of this add claimed sequence 66 and died before the record and the
+          // state were written: the add that comes again is given 66, and the next one 67.
+          const lost = addOf("lost")
+          const { names } = yield* Storage
+          const index = yield* Kv.make(names.kv.commands.name, CommandIndex)
+          yield* index.create(kvKeys.commandIndex(run, lost.id), { sequence: 66 })
+          expect(commandOf(yield* ask(run, lost))).toMatchObject({
+            id: lost.id,
+            sequence: 66,
+            state: "queued",
+          })
+          expect(commandOf(yield* ask(run, lost))).toMatchObject({ id: lost.id, sequence: 66 })
+          expect(commandOf(yield* ask(run, addOf("next")))).toMatchObject({ sequence: 67 })
+          // A cancel naming a sequence that holds another command, or one not given yet, is unknown.
+          expect(yield* ask(run, { _tag: "CancelCommand", id: lost.id, sequence: 67 })).toEqual({
+            unknown: true,
+          })
+          expect(yield* ask(run, { _tag: "CancelCommand", id: lost.id, sequence: 99 })).toEqual({
+            unknown: true,
+          })
         }),
       ),
   )

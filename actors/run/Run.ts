@@ -12,6 +12,9 @@
  *   message, whose result is the one the runtime is about to store;
  * - the function's newest run, `<account>.last.<function>` in KV `runs` (`Create`; the greatest
  *   run id wins), which `GET /v1/functions` shows as `last`;
+ * - command index entries in KV `commands` (`<run>.id.<command>` → sequence): claimed by `AddCommand`
+ *   before its record, so the same id added again (a retried ask, a resumed agent, a re-run of a
+ *   message whose state write was lost) gets its sequence back; the state keeps no list of ids;
  * - command records in KV `commands` (`<run>.<sequence>`): created `queued` by `AddCommand`; set
  *   `cancelled` by `CancelCommand` (a queued run has no machine to ask) and, when the run ends, on
  *   every record not ended yet, by CAS on the revision read, so the host agent's own writes win
@@ -40,9 +43,9 @@ import type { AccountRecord } from "../../core/Accounts.ts"
 import { AccountRecord as AccountRecordSchema, computeRate } from "../../core/Accounts.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
-import { Nats } from "../../core/Nats.ts"
+import { Nats, type NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
-import { CommandRecord, endedCommandStates } from "../../schema/Command.ts"
+import { CommandIndex, CommandRecord, endedCommandStates } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
 import { type EventId, type LedgerEntryId, noProvider, type RunId } from "../../schema/Ids.ts"
 import { minutePriceUsdNanos, overdraftUsdNanos, sizes } from "../../schema/Limits.ts"
@@ -142,6 +145,7 @@ export const make = (deps: RunDeps) => {
     effect.pipe(Effect.provideService(Nats, deps.nats), Effect.provideService(Storage, deps.storage))
   const runsKv = provide(Kv.make(names.kv.runs.name, StoredRun))
   const commandsKv = provide(Kv.make(names.kv.commands.name, CommandRecord))
+  const indexKv = provide(Kv.make(names.kv.commands.name, CommandIndex))
   const accountsKv = provide(Kv.make(names.kv.accounts.name, AccountRecordSchema))
   const agentsKv = provide(Kv.make(names.kv.agents.name, AgentRun))
   const lastRunKv = provide(Kv.make(names.kv.runs.name, LastRun))
@@ -237,7 +241,7 @@ export const make = (deps: RunDeps) => {
   /** Marks every command of the run that has not ended `cancelled`. */
   const cancelOpenCommands = (s: RunActorState, run: string, at: Timestamp) =>
     Effect.forEach(
-      Object.values(s.commands),
+      Array.from({ length: s.next_sequence - 1 }, (_, i) => i + 1),
       (sequence) =>
         modifyCommand(run, sequence, cancelled(at)).pipe(
           // One unreadable record must not keep the run from ending.
@@ -405,9 +409,31 @@ export const make = (deps: RunDeps) => {
 
         case "AddCommand": {
           if (run === undefined) return { state: s, reply: { unknown: true as const } }
-          const known = s.commands[m.id]
-          const sequence = known ?? s.next_sequence
-          if (known === undefined && ended) return { state: s, reply: { ended: true as const } }
+          const fails = (what: string) => (e: Kv.StateConflict | NatsError | Kv.KvValueInvalid) =>
+            e._tag === "KvValueInvalid" ? e : retryable(what)(e)
+          const index = yield* indexKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
+          const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
+          const indexKey = kvKeys.commandIndex(run.id, m.id)
+          // The id's sequence: claimed now (the usual case, one write), or found where an earlier
+          // add of the same id claimed it. Claimed before the record is written, so a re-run of
+          // this message (its state write lost) finds its own sequence.
+          const claim = ended
+            ? Effect.map(
+                index.get(indexKey),
+                Option.map((e) => e.value.sequence),
+              )
+            : index.create(indexKey, { sequence: s.next_sequence }).pipe(
+                Effect.as(Option.some(s.next_sequence)),
+                Effect.catchTag("StateConflict", () =>
+                  Effect.map(
+                    index.get(indexKey),
+                    Option.map((e) => e.value.sequence),
+                  ),
+                ),
+              )
+          const claimed = yield* claim.pipe(Effect.mapError(fails("claiming the command's sequence")))
+          if (Option.isNone(claimed)) return { state: s, reply: { ended: true as const } }
+          const sequence = claimed.value
           const record = {
             id: m.id,
             run: run.id,
@@ -418,9 +444,7 @@ export const make = (deps: RunDeps) => {
             state: "queued",
             created_at: m.created_at,
           } as CommandRecord
-          const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
           const key = kvKeys.command(run.id, sequence)
-          // Written before the state: a re-run of this message finds its own record (same id).
           // Created at once in the usual case (one write); a key already there is read: our own
           // record stands, one left by a message whose state write was lost is replaced.
           const existing = kv
@@ -435,29 +459,33 @@ export const make = (deps: RunDeps) => {
                     ),
               ),
             )
+          // A sequence below the next one was added before: its record stands as it is.
+          const known = sequence < s.next_sequence
           const stored = yield* (
-            known === undefined
-              ? kv.create(key, record).pipe(
+            known
+              ? existing
+              : kv.create(key, record).pipe(
                   Effect.as(record),
                   Effect.catchTag("StateConflict", () => existing),
                 )
-              : existing
-          ).pipe(
-            Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("writing the command")(e))),
-          )
-          if (known !== undefined) return { state: s, reply: { command: stored } }
+          ).pipe(Effect.mapError(fails("writing the command")))
+          if (known) return { state: s, reply: { command: stored } }
           return {
-            state: {
-              ...s,
-              next_sequence: sequence + 1,
-              commands: { ...s.commands, [m.id]: sequence },
-            },
+            state: { ...s, next_sequence: sequence + 1 },
             reply: { command: stored },
           }
         }
 
         case "CancelCommand": {
-          if (run === undefined || s.commands[m.id] !== m.sequence)
+          if (run === undefined || m.sequence >= s.next_sequence)
+            return { state: s, reply: { unknown: true as const } }
+          const current = yield* Effect.flatMap(commandsKv, (kv) =>
+            kv.get(kvKeys.command(run.id, m.sequence)),
+          ).pipe(
+            Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("reading the command")(e))),
+          )
+          // The sequence must hold that command.
+          if (Option.isNone(current) || current.value.value.id !== m.id)
             return { state: s, reply: { unknown: true as const } }
           if (run.host === undefined) {
             // No machine has seen the command: it ends here (a queued run, or one that ended queued).
@@ -472,12 +500,6 @@ export const make = (deps: RunDeps) => {
               onSome: (command) => ({ state: s, reply: { command } }),
             })
           }
-          const current = yield* Effect.flatMap(commandsKv, (kv) =>
-            kv.get(kvKeys.command(run.id, m.sequence)),
-          ).pipe(
-            Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("reading the command")(e))),
-          )
-          if (Option.isNone(current)) return { state: s, reply: { unknown: true as const } }
           const command = current.value.value
           // An ended command is unchanged; a live one is the host's to kill.
           if (endedCommandStates.has(command.state) || ended) return { state: s, reply: { command } }

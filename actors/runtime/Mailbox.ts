@@ -53,6 +53,9 @@ export interface MailboxService {
   ) => Effect.Effect<ReplyOf<A>, MessageInvalid | AskTimeout | AskFailed | NatsError>
 }
 
+const decodeReplyBody = Schema.decodeUnknownEither(Schema.parseJson(ReplyBody))
+const textDecoder = new TextDecoder()
+
 /** Sending to actors. */
 export class Mailbox extends Context.Tag("hangar/actors/Mailbox")<Mailbox, MailboxService>() {}
 
@@ -100,17 +103,13 @@ export const make = Effect.gen(function* () {
             Effect.fail(new AskTimeout({ actor: actor.name, id, timeoutMs: e.timeoutMs })),
           ),
         )
-        const body = yield* Schema.decodeUnknown(Schema.parseJson(ReplyBody))(
-          new TextDecoder().decode(data),
-        ).pipe(Effect.orDie)
+        const body = yield* Effect.orDie(decodeReplyBody(textDecoder.decode(data)))
         if (body._tag === "Failed") {
           return yield* Effect.fail(
             new AskFailed({ actor: actor.name, id, tag: body.tag, message: body.message }),
           )
         }
-        return (yield* Schema.decodeUnknown(actor.reply)(body.value).pipe(Effect.orDie)) as ReplyOf<
-          typeof actor
-        >
+        return (yield* Effect.orDie(codecsOf(actor).decodeReply(body.value))) as ReplyOf<typeof actor>
       }),
     )
 

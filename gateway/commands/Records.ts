@@ -2,11 +2,11 @@
  * A run's command records as the command routes read them (KV `commands`, key `<run>.<sequence>`,
  * written `queued` by the run actor and advanced by the host agent by compare-and-set).
  *
- * - A command id is found through the run actor's stored state (`commands`: id → sequence, KV
- *   `actors`), one read instead of a scan of the run's records. The actor stores its state before
- *   it answers `AddCommand`, so a command the caller was just given is always found. Sequences
- *   this process has seen are remembered (they never change), so the usual create-then-wait skips
- *   that read.
+ * - A command id is found through its index entry (`<run>.id.<cid>` → sequence, KV `commands`),
+ *   one small read instead of a scan of the run's records. The run actor writes it before the
+ *   record and answers `AddCommand` after both, so a command the caller was just given is always
+ *   found. Sequences this process has seen are remembered (they never change), so the usual
+ *   create-then-wait skips that read.
  * - "Changed after N" uses the bucket's revisions as the change counter: each record's revision is
  *   its last write, so a command shows up again each time it changes (`core/KvChanges.ts`).
  * - Every wait subscribes before it reads, so a write between a read and the wait is never
@@ -15,13 +15,12 @@
  *   one (the client went away) unsubscribes.
  */
 import { Effect, Option, Schema, Stream } from "effect"
-import { Run } from "../../actors/run/Messages.ts"
-import * as State from "../../actors/runtime/State.ts"
 import * as Kv from "../../core/Kv.ts"
 import { changesAfter, type KvChangesRead } from "../../core/KvChanges.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import {
+  CommandIndex,
   type CommandRecord,
   CommandRecord as CommandRecordSchema,
   endedCommandStates,
@@ -42,7 +41,7 @@ const commands = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.command
 
 // Command id → `<run>:<sequence>`, as this process learnt them: a sequence never changes once
 // given, so reads of a command this gateway created (the usual case: create, then wait) skip the
-// run actor's state, which grows with the run's commands. Bounded; the oldest entry goes first.
+// index read. Bounded; the oldest entry goes first.
 const knownMax = 50_000
 const known = new Map<string, string>()
 
@@ -52,7 +51,9 @@ export const remember = (run: string, cid: string, seq: number): void => {
   known.set(cid, `${run}:${seq}`)
 }
 
-/** The sequence of command `cid` of run `run`, from the run actor's stored state; none when unknown. */
+const index = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandIndex))
+
+/** The sequence of command `cid` of run `run`, from its index entry (`<run>.id.<cid>`); none when unknown. */
 export const sequenceOf = (
   run: string,
   cid: string,
@@ -60,8 +61,8 @@ export const sequenceOf = (
   if (!isCommandId(cid)) return Effect.succeed(Option.none())
   const seen = known.get(cid) ?? ""
   if (seen.startsWith(`${run}:`)) return Effect.succeed(Option.some(Number(seen.slice(run.length + 1))))
-  return State.read(Run, run).pipe(
-    Effect.map((found) => Option.flatMap(found, (r) => Option.fromNullable(r.state.commands[cid]))),
+  return Effect.flatMap(index, (kv) => kv.get(kvKeys.commandIndex(run, cid))).pipe(
+    Effect.map(Option.map((e) => e.value.sequence)),
     Effect.tap((seq) => Effect.sync(() => Option.map(seq, (n) => remember(run, cid, n)))),
   )
 }

@@ -17,6 +17,8 @@ export interface Codecs {
   readonly encodeState: (state: unknown) => Either.Either<unknown, ParseError>
   /** A handler's reply to an ask, encoded. */
   readonly encodeReply: (reply: unknown) => Either.Either<unknown, ParseError>
+  /** An encoded reply, as the asker gets it back. */
+  readonly decodeReply: (encoded: unknown) => Either.Either<unknown, ParseError>
 }
 
 const built = new WeakMap<AnyActor, Codecs>()
@@ -30,6 +32,7 @@ export const codecsOf = (actor: AnyActor): Codecs => {
       encodeMessage: Schema.encodeUnknownEither(Schema.parseJson(actor.message)),
       encodeState: Schema.encodeUnknownEither(actor.state),
       encodeReply: Schema.encodeUnknownEither(actor.reply),
+      decodeReply: Schema.decodeUnknownEither(actor.reply),
     }
     built.set(actor, codecs)
   }
