@@ -23,6 +23,7 @@ import * as GoogleFake from "./fakes/GoogleFake.ts"
 import * as OpenAiFake from "./fakes/OpenAiFake.ts"
 import {
   call,
+  closeStack,
   createAccount,
   expectStatus,
   type Json,
@@ -158,10 +159,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   try {
-    if (stack !== undefined) {
-      const left = await stack.close()
-      expect(left, "machines left behind").toEqual([])
-    }
+    await closeStack(stack)
   } finally {
     await tool?.close()
     await Effect.runPromise(Scope.close(scope, Exit.void))

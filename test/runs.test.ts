@@ -15,6 +15,7 @@ import { minutePriceUsdNanos, sizes } from "../schema/Limits.ts"
 import {
   balance,
   call,
+  closeStack,
   command,
   createAccount,
   credit,
@@ -47,11 +48,7 @@ beforeAll(async () => {
   acct = await createAccount(stack, { creditUsd: 100 })
 }, 120_000)
 
-afterAll(async () => {
-  if (stack === undefined) return
-  const left = await stack.close()
-  expect(left, "machines left behind").toEqual([])
-}, 120_000)
+afterAll(() => closeStack(stack), 120_000)
 
 /** Lines of the stack's logs at warning or above (shown when a test fails). */
 const problems = () =>

@@ -367,16 +367,17 @@ describe("run actor: life cycle", () => {
   )
 })
 
-describe("run actor: commands", () => {
-  const addOf = (command = "true") => ({
-    _tag: "AddCommand" as const,
-    id: makeId("cmd") as CommandId,
-    kind: "bash" as const,
-    arguments: { command, timeout_ms: 1000 },
-    source: "caller" as const,
-    created_at: timestamp(Date.now()),
-  })
+/** A new `bash` command for the run actor. */
+const addOf = (command = "true", source: "caller" | "agent" = "caller") => ({
+  _tag: "AddCommand" as const,
+  id: makeId("cmd") as CommandId,
+  kind: "bash" as const,
+  arguments: { command, timeout_ms: 1000 },
+  source,
+  created_at: timestamp(Date.now()),
+})
 
+describe("run actor: commands", () => {
   const commandsKv = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandRecord))
   const recordAt = (run: string, seq: number) =>
     Effect.map(
@@ -474,15 +475,6 @@ describe("run actor: commands", () => {
 })
 
 describe("run actor: command index", () => {
-  const addOf = (command = "true") => ({
-    _tag: "AddCommand" as const,
-    id: makeId("cmd") as CommandId,
-    kind: "bash" as const,
-    arguments: { command, timeout_ms: 1000 },
-    source: "agent" as const,
-    created_at: timestamp(Date.now()),
-  })
-
   it.live(
     "an id whose sequence was claimed by a lost attempt gets that sequence; the state does not grow with commands",
     () =>

@@ -45,6 +45,7 @@ import {
   Option,
   Scope,
 } from "effect"
+import { expect } from "vitest"
 import * as AccountClient from "../../actors/account/Client.ts"
 import * as Actors from "../../actors/main.ts"
 import * as Accounts from "../../core/Accounts.ts"
@@ -222,6 +223,13 @@ const freePort = () =>
 
 const closeScope = (scope: Scope.CloseableScope) =>
   Effect.runPromise(Scope.close(scope, Exit.void).pipe(Effect.timeout(Duration.seconds(30)), Effect.ignore))
+
+/** Closes `stack` (if it started) and expects that its machines left nothing behind: an `afterAll`. */
+export const closeStack = async (stack: Stack | undefined): Promise<void> => {
+  if (stack === undefined) return
+  const left = await stack.close()
+  expect(left, "machines left behind").toEqual([])
+}
 
 /** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
 export const startStack = async (options: StackOptions = {}): Promise<Stack> => {
