@@ -45,7 +45,6 @@ import {
   Option,
   Scope,
 } from "effect"
-import { expect } from "vitest"
 import * as AccountClient from "../../actors/account/Client.ts"
 import * as Actors from "../../actors/main.ts"
 import * as Accounts from "../../core/Accounts.ts"
@@ -228,7 +227,7 @@ const closeScope = (scope: Scope.CloseableScope) =>
 export const closeStack = async (stack: Stack | undefined): Promise<void> => {
   if (stack === undefined) return
   const left = await stack.close()
-  expect(left, "machines left behind").toEqual([])
+  if (left.length > 0) throw new Error(`machines left behind: ${left.join(", ")}`)
 }
 
 /** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
