@@ -79,6 +79,21 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect(
+    "get: a key never written is none; a key no bucket can hold is a NatsError naming it, read or written",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        expect(yield* kv.get(uniqueName("never"))).toEqual(Option.none())
+        for (const bad of ["a.*", "a..b", ".a", "a b", "a.>"]) {
+          const error = yield* kv.get(bad).pipe(Effect.flip)
+          expect(error).toMatchObject({ _tag: "NatsError", message: `invalid key: ${bad}` })
+          const refused = yield* kv.put(bad, { n: 1, by: "a" }).pipe(Effect.flip)
+          expect(refused).toMatchObject({ _tag: "NatsError", message: `invalid key: ${bad}` })
+        }
+      }),
+  )
+
   it.effect("keys lists current keys under a filter", () =>
     Effect.gen(function* () {
       const kv = yield* actors

@@ -111,8 +111,12 @@ export interface Kv<A> {
 
 const CONFLICT_CODES = new Set([10071, 10164])
 
-/** The keys `@nats-io/kv` accepts (no wildcards, no empty tokens at the ends). */
-const validKey = /^[-/=.\w]+$/
+/** How long a read waits for the server. */
+const GET_TIMEOUT_MS = 5_000
+const empty = new Uint8Array(0)
+
+/** The keys a bucket can hold: dot-separated tokens, none empty, no wildcards. */
+const validKey = /^[-/=\w]+(?:\.[-/=\w]+)*$/
 
 const isConflict = (error: NatsError): boolean => {
   const cause = error.cause as { code?: unknown; message?: unknown } | undefined
@@ -213,7 +217,7 @@ export const make = <A, I>(
     // What `@nats-io/kv` writes: the key's subject in the bucket's stream, the expected revision
     // as `Nats-Expected-Last-Subject-Sequence`. Written through the shared inbox (`core/Requests.ts`).
     const write = (operation: string, key: string, text: string, revision?: number) => {
-      if (key.startsWith(".") || key.endsWith(".") || !validKey.test(key))
+      if (!validKey.test(key))
         return Effect.fail(new NatsError({ operation, message: `invalid key: ${key}` }))
       const h = natsHeaders()
       if (revision !== undefined) h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${revision}`)
@@ -226,13 +230,37 @@ export const make = <A, I>(
           ? Effect.fail(new StateConflict({ bucket, key, expectedRevision }))
           : Effect.fail(error)
 
-    const get: Kv<A>["get"] = (key) =>
-      Effect.gen(function* () {
-        const entry = yield* attempt(`kv.get ${bucket}`, () => kv.get(key))
-        if (entry === null || entry.operation !== "PUT") return Option.none()
-        const value = yield* decode(key, entry.value)
-        return Option.some({ value, revision: entry.revision })
-      })
+    // The bucket's streams allow direct gets (`core/Storage.ts`): the last message on the key's
+    // subject, asked through the shared inbox as `@nats-io/kv` asks through its own request.
+    const getOperation = `kv.get ${bucket}`
+    const directGet = `$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.`
+    const get: Kv<A>["get"] = (key) => {
+      if (!validKey.test(key))
+        return Effect.fail(new NatsError({ operation: getOperation, message: `invalid key: ${key}` }))
+      return Effect.flatMap(
+        requests.request(getOperation, directGet + key, empty, undefined, GET_TIMEOUT_MS),
+        (msg): Effect.Effect<Option.Option<KvEntry<A>>, NatsError | KvValueInvalid> => {
+          const h = msg.headers
+          if (h === undefined || h.code !== 0) {
+            if (h?.code === 404) return Effect.succeed(Option.none())
+            return Effect.fail(
+              new NatsError({
+                operation: getOperation,
+                message: h?.description || "invalid answer",
+                cause: { status: h?.code },
+              }),
+            )
+          }
+          const operation = h.get("KV-Operation")
+          if (operation === "DEL" || operation === "PURGE") return Effect.succeed(Option.none())
+          const revision = Number(h.get("Nats-Sequence"))
+          return Either.match(decode(key, msg.data), {
+            onLeft: Effect.fail,
+            onRight: (value) => Effect.succeed(Option.some({ value, revision })),
+          })
+        },
+      )
+    }
 
     // A write expecting no earlier value; when there is one, the client's own create decides (a
     // deleted key counts as absent: it writes over the deletion's revision).

@@ -9,7 +9,9 @@
  *
  * Access is "key able to start the function, or member" (`readRun` of `../runs/Runs.ts`): the
  * `member` label, then a run key only for runs of the functions it names (403 `key_scope`); a run
- * of another account, or an id that is no run id, is 404. Creating is refused with 409 `run_ended` once the run has ended.
+ * of another account, or an id that is no run id, is 404. Creating is refused with 409 `run_ended`
+ * once the run has ended. The routes on one command take the run's unchanging facts from
+ * `runIdentity` (kept for a minute); the list reads the run afresh.
  *
  * Decisions:
  * - `since` and `sequence` count changes with the `commands` bucket's revisions: a record's
@@ -48,12 +50,11 @@ import {
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import type { CommandId } from "../../schema/Ids.ts"
-import { endedRunStates } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
-import { RunStore, readRun as runFor, storeLayer } from "../runs/Runs.ts"
+import { RunStore, readRun, runIdentity, storeLayer } from "../runs/Runs.ts"
 import { CommandRouteSettings, decodeQuery, upTo } from "./LongPoll.ts"
 import * as Records from "./Records.ts"
 
@@ -101,9 +102,9 @@ export const routes = [
       handler: ({ principal, params, body }) =>
         Effect.gen(function* () {
           const settings = yield* CommandRouteSettings.Tag
-          const run = yield* runFor(principal, params.id)
+          const run = yield* runIdentity(principal, params.id)
           // Final: no need to ask the actor.
-          if (endedRunStates.has(run.state)) return yield* Effect.fail(ApiError.runEnded())
+          if (run.ended) return yield* Effect.fail(ApiError.runEnded())
           const id = makeId("cmd") as CommandId
           const mailbox = yield* Mailbox
           const reply = yield* mailbox.ask(
@@ -141,7 +142,7 @@ export const routes = [
       handler: ({ principal, params, query }) =>
         Effect.gen(function* () {
           const { wait = 0 } = yield* decodeQuery(GetCommandQuery, query)
-          const run = yield* runFor(principal, params.id)
+          const run = yield* runIdentity(principal, params.id)
           if (wait === 0) return json((yield* commandOf(run.id, params.cid)).record)
           const seq = yield* Records.sequenceOf(run.id, params.cid)
           if (Option.isNone(seq)) return yield* Effect.fail(ApiError.notFound("command"))
@@ -172,7 +173,7 @@ export const routes = [
         Effect.gen(function* () {
           const settings = yield* CommandRouteSettings.Tag
           const { since = 0, wait = 0 } = yield* decodeQuery(ListCommandsQuery, query)
-          const run = yield* runFor(principal, params.id)
+          const run = yield* readRun(principal, params.id)
           let read = yield* Records.changedAfter(run.id, since, settings.listMaxBytes)
           if (read.entries.length === 0 && wait > 0) {
             yield* upTo(
@@ -211,7 +212,7 @@ export const routes = [
       handler: ({ principal, params, query }) =>
         Effect.gen(function* () {
           const { after = 0, wait = 0 } = yield* decodeQuery(CommandOutputQuery, query)
-          const run = yield* runFor(principal, params.id)
+          const run = yield* runIdentity(principal, params.id)
           const { record, seq } = yield* commandOf(run.id, params.cid)
           if (record.kind !== "bash") {
             if (wait === 0 || Records.isEnded(record)) return json(noOutput(after, record))
@@ -248,7 +249,7 @@ export const routes = [
       handler: ({ principal, params }) =>
         Effect.gen(function* () {
           const settings = yield* CommandRouteSettings.Tag
-          const run = yield* runFor(principal, params.id)
+          const run = yield* runIdentity(principal, params.id)
           const { record, seq } = yield* commandOf(run.id, params.cid)
           if (Records.isEnded(record)) return json(record)
           const mailbox = yield* Mailbox

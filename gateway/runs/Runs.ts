@@ -22,7 +22,14 @@ import type { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { RunId } from "../../schema/Ids.ts"
-import { apiRun, LastRun, type Run, type RunStateFilter, StoredRun } from "../../schema/Run.ts"
+import {
+  apiRun,
+  endedRunStates,
+  LastRun,
+  type Run,
+  type RunStateFilter,
+  StoredRun,
+} from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import type { AccountKey, AccountPerson } from "../auth/Access.ts"
 import { orInternal, publicBase } from "../uploads/Create.ts"
@@ -117,6 +124,59 @@ export const readRun = (principal: Member, id: string) =>
   })
 
 const isRunId = Schema.is(RunId)
+
+/**
+ * What the command routes need of a run, none of which changes once the run exists: its id, its
+ * account, its function, and whether it had ended when read (an ended run stays ended).
+ */
+export interface RunIdentity {
+  readonly id: string
+  readonly account: string
+  readonly function: string
+  readonly ended: boolean
+}
+
+// Each command route used to read the run's record; a caller driving a run sends a command and
+// waits for it, two reads per command for facts that never change. So the gateway keeps what it
+// read for a minute (entries per `runs` view, the oldest dropped beyond `IDENTITY_MAX`). A kept
+// run that has since ended or been removed (retention) is answered by what comes next: the run
+// actor refuses a command with `ended`/`unknown`, and a removed run's command records are gone too.
+const IDENTITY_TTL_MS = 60_000
+const IDENTITY_MAX = 10_000
+const identities = new WeakMap<Kv.Kv<StoredRun>, Map<string, { identity: RunIdentity; until: number }>>()
+
+const identitiesOf = (store: Kv.Kv<StoredRun>) => {
+  let kept = identities.get(store)
+  if (kept === undefined) {
+    kept = new Map()
+    identities.set(store, kept)
+  }
+  return kept
+}
+
+/** `readRun` for the command routes: the run's identity, from memory when read within the minute. */
+export const runIdentity = (principal: Member, id: string): Effect.Effect<RunIdentity, ApiError, RunStore> =>
+  Effect.flatMap(RunStore, (store) => {
+    const kept = identitiesOf(store)
+    const key = kvKeys.run(principal.account.id, id)
+    const found = kept.get(key)
+    if (found !== undefined && found.until > Date.now())
+      return mayUse(principal, found.identity.function)
+        ? Effect.succeed(found.identity)
+        : Effect.fail(ApiError.keyScope())
+    return Effect.map(readRun(principal, id), (run) => {
+      const identity: RunIdentity = {
+        id: run.id,
+        account: run.account,
+        function: run.function,
+        ended: endedRunStates.has(run.state),
+      }
+      kept.delete(key)
+      if (kept.size >= IDENTITY_MAX) kept.delete(kept.keys().next().value as string)
+      kept.set(key, { identity, until: Date.now() + IDENTITY_TTL_MS })
+      return identity
+    })
+  })
 
 const matches = (run: StoredRun, state: RunStateFilter | undefined): boolean =>
   state === undefined ||
