@@ -1,7 +1,7 @@
 /**
  * Run figures through HTTP on the whole stack (`test/harness/Stack.ts`, namespace driver, all roles
- * in this process as `npm start` runs them, production actor leases; the caller is its own process,
- * `bench/runs-client.ts`): from
+ * in this process on one connection as `npm start` runs them, production actor leases; the caller
+ * is its own process, `bench/runs-client.ts`): from
  * `POST /v1/functions/{id}/runs` to the first `bash true` result (the command is sent right after
  * the start, while the run is queued, and its end is awaited with `GET …/commands/{cid}?wait=25`),
  * p50/p95 over `runs` runs one after another; then the command round trip (`POST` a `bash true` on
@@ -94,6 +94,8 @@ const measure = async (processes: boolean) => {
   const stack = await startStack({
     hostVcpus: 2,
     processes,
+    // One process: the roles share one connection, as `npm start` runs them.
+    sharedConnection: !processes,
     settings: { ACTOR_LEASE_MS: 10_000, ACTOR_RENEW_MS: 3_333, ACTOR_ACK_WAIT_MS: 30_000 },
   })
   try {

@@ -198,6 +198,23 @@ layer(layerAll())("Kv", (it) => {
       }),
   )
 
+  it.effect("awaitValue answers only stored writes: a refused compare-and-set is never seen", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const { connection } = yield* Nats
+      const key = `${uniqueName("a")}.k`
+      const rev = yield* kv.put(key, { n: 1, by: "a" })
+      const before = subscriptions(connection)
+      const waiting = yield* Effect.fork(kv.awaitValue(key, (v) => v.n === 2))
+      yield* untilSubscribed(connection, before)
+      // Routed to the key's own subject before the stream refuses it.
+      const refused = yield* kv.update(key, { n: 2, by: "refused" }, rev + 5).pipe(Effect.flip)
+      expect(refused._tag).toBe("StateConflict")
+      yield* kv.update(key, { n: 2, by: "stored" }, rev)
+      expect(yield* Fiber.join(waiting)).toEqual({ n: 2, by: "stored" })
+    }),
+  )
+
   it.effect("an interrupted awaitValue unsubscribes", () =>
     Effect.gen(function* () {
       const kv = yield* actors

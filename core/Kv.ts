@@ -91,9 +91,10 @@ export interface Kv<A> {
   ) => Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>
   /**
    * The key's first value, current or to come, that `test` accepts; waits as long as it takes
-   * (callers bound it). A core subscription on the key's subject is made (and flushed) before the
-   * current value is read, so no write between the two is missed; unlike a watch it costs the
-   * server no consumer, which matters for the one-key waits of long polls (about 1 ms against 5).
+   * (callers bound it). A core subscription on the key's republished writes (`republishedPrefix`)
+   * is made before the current value is read, both on one connection, so no write is missed and
+   * only stored values are seen; unlike a watch it costs the server no consumer, which matters
+   * for the one-key waits of long polls (about 1 ms against 5).
    */
   readonly awaitValue: (
     key: string,
@@ -110,6 +111,13 @@ export interface Kv<A> {
 }
 
 const CONFLICT_CODES = new Set([10071, 10164])
+
+/**
+ * Where a bucket's stream republishes each write once stored (`core/Storage.ts`), key appended.
+ * A write is routed to subscribers of its own subject before the stream stores it, and even when
+ * the stream then refuses it (a lost compare-and-set), so waits listen here instead.
+ */
+export const republishedPrefix = (bucket: string): string => `$KVR.${bucket}.`
 
 /** How long a read waits for the server. */
 const GET_TIMEOUT_MS = 5_000
@@ -338,11 +346,17 @@ export const make = <A, I>(
 
     const awaitValue: Kv<A>["awaitValue"] = (key, test) =>
       Effect.acquireUseRelease(
-        attempt(`kv.subscribe ${bucket}`, async () => {
-          // The subject `@nats-io/kv` writes the key under (the bucket's stream is ours, unmirrored).
-          const sub = connection.subscribe(`$KV.${bucket}.${key}`)
-          await connection.flush()
-          return sub
+        // Stored writes only. No flush: the read goes out on the same connection after the
+        // subscription, and the server handles one connection's messages in order, so a write
+        // republished before it listens was stored before the read.
+        Effect.try({
+          try: () => connection.subscribe(republishedPrefix(bucket) + key),
+          catch: (cause) =>
+            new NatsError({
+              operation: `kv.subscribe ${bucket}`,
+              message: cause instanceof Error ? cause.message : String(cause),
+              cause,
+            }),
         }),
         (sub) =>
           Effect.gen(function* () {

@@ -80,6 +80,25 @@ layer(layerWithNats)("Storage.ensure", (it) => {
     }),
   )
 
+  it.effect("every bucket republishes its stored writes; a bucket made without that gets it", () =>
+    Effect.gen(function* () {
+      const names = storageNames(uniquePrefix())
+      const { jsm } = yield* Nats
+      // A bucket as a version before republishing made it.
+      const { republish: _, ...older } = Storage.kvStreamConfig(names.kv.commands)
+      yield* attempt("add", () => jsm.streams.add(older))
+      expect((yield* streamInfo(older.name)).config.republish).toBeUndefined()
+      yield* Storage.ensure(names)
+      for (const b of kvBuckets) {
+        const bucket = names.kv[b].name
+        expect((yield* streamInfo(`KV_${bucket}`)).config.republish).toEqual({
+          src: `$KV.${bucket}.>`,
+          dest: `${Kv.republishedPrefix(bucket)}>`,
+        })
+      }
+    }),
+  )
+
   it.effect("the layer provides the names of the storage it ensured", () =>
     Effect.gen(function* () {
       const prefix = uniquePrefix()

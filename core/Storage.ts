@@ -22,6 +22,7 @@ import {
   streams,
 } from "../schema/Subjects.ts"
 import { defineSettings, env } from "./Config.ts"
+import { republishedPrefix } from "./Kv.ts"
 import { attempt, Nats, type NatsError } from "./Nats.ts"
 
 /** Storage settings: a name prefix (tests; "" in production) and the replica count (3 in a cluster). */
@@ -56,6 +57,8 @@ export const kvStreamConfig = (spec: KvSpec, replicas = 1): Config => ({
   allow_direct: true,
   deny_delete: true,
   num_replicas: replicas,
+  // Each stored write again, where `Kv.awaitValue` listens.
+  republish: { src: `$KV.${spec.name}.>`, dest: `${republishedPrefix(spec.name)}>` },
 })
 
 /** The stream behind an object store, as `@nats-io/obj` creates it. */

@@ -98,6 +98,12 @@ export interface StackOptions {
    * deployed; their log lines still reach `lines`. Stopping a role is SIGTERM, killing it SIGKILL.
    */
   readonly processes?: boolean
+  /**
+   * The in-process roles share one connection, as `npm start` runs them (`deploy/Local.ts`);
+   * otherwise each has its own, so a killed role's connection can be cut alone (`killActors`
+   * refuses on a shared one). Not with `processes`.
+   */
+  readonly sharedConnection?: boolean
 }
 
 /**
@@ -337,8 +343,18 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     }
     return { _tag: "InProcess" as const, scope, context: exit.value as Context.Context<never> }
   }
+  if (options.sharedConnection === true && options.processes === true)
+    throw new Error("sharedConnection is for roles in this process")
+  const shared =
+    options.sharedConnection === true
+      ? await build("client", Connected.layerUrl(nats.url) as Layer.Layer<unknown, unknown, never>)
+      : undefined
   const onNats = <A, E>(layer: Layer.Layer<A, E, Nats.Nats | Storage>) =>
-    layer.pipe(Layer.provideMerge(Connected.layerUrl(nats.url))) as Layer.Layer<unknown, unknown, never>
+    (shared === undefined
+      ? layer.pipe(Layer.provideMerge(Connected.layerUrl(nats.url)))
+      : layer.pipe(
+          Layer.provideMerge(Layer.succeedContext(shared.context as Context.Context<Nats.Nats | Storage>)),
+        )) as Layer.Layer<unknown, unknown, never>
 
   const roleLayers: Record<Role, Layer.Layer<unknown, unknown, never>> = {
     actors: onNats(Actors.layer),
@@ -360,6 +376,8 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const kill = async (role: Role) => {
     const piece = pieces.get(role)
     if (piece === undefined) return
+    if (piece._tag === "InProcess" && shared !== undefined)
+      throw new Error("a role on the shared connection cannot be killed alone")
     pieces.delete(role)
     if (piece._tag === "Child") return endChild(piece.child, "SIGKILL")
     const { connection } = Context.get(piece.context as Context.Context<Nats.Nats>, Nats.Nats)
@@ -376,6 +394,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const closeAll = async () => {
     for (const role of ["gateway", "host", "actors"] as const) await stop(role)
     await closeScope(client.scope)
+    if (shared !== undefined) await closeScope(shared.scope)
     await nats.stop()
     await rm(dir, { recursive: true, force: true })
   }
