@@ -47,31 +47,27 @@ layer(layerAll())("Requests (shared inbox)", (it) => {
     }),
   )
 
-  it.effect("an inbox keeps a reply that arrives before anyone waits, and forgets the address after", () =>
-    Effect.gen(function* () {
-      const { connection, requests } = yield* Nats
-      const early = yield* Effect.scoped(
-        Effect.gen(function* () {
-          const inbox = yield* requests.inbox("early")
-          connection.publish(inbox.subject, "first")
-          connection.publish(inbox.subject, "second")
-          yield* Effect.promise(() => connection.flush())
-          return text((yield* inbox.reply).data)
-        }),
-      )
-      expect(early).toBe("first")
-      // An interrupted wait leaves nothing behind: a later reply to it is dropped, not delivered.
-      const waiting = yield* Effect.scoped(
-        Effect.gen(function* () {
-          const inbox = yield* requests.inbox("late")
-          const fiber = yield* Effect.fork(inbox.reply)
-          yield* Fiber.interrupt(fiber)
-          return inbox.subject
-        }),
-      )
-      connection.publish(waiting, "nobody hears this")
-      yield* Effect.promise(() => connection.flush())
-    }),
+  it.effect(
+    "an inbox keeps a reply that arrives before anyone waits, forgets a released address, and times out",
+    () =>
+      Effect.gen(function* () {
+        const { connection, requests } = yield* Nats
+        const inbox = requests.inbox("early", 60_000)
+        connection.publish(inbox.subject, "first")
+        connection.publish(inbox.subject, "second")
+        yield* Effect.promise(() => connection.flush())
+        expect(text((yield* inbox.reply).data)).toBe("first")
+        // A released address leaves nothing behind: a later reply to it is dropped, not delivered.
+        const late = requests.inbox("late", 60_000)
+        const fiber = yield* Effect.fork(late.reply)
+        yield* Fiber.interrupt(fiber)
+        late.release()
+        connection.publish(late.subject, "nobody hears this")
+        yield* Effect.promise(() => connection.flush())
+        // Without an answer, the wait fails with ReplyTimeout once its time is up.
+        const silent = yield* requests.inbox("silent", 50).reply.pipe(Effect.flip)
+        expect(silent).toMatchObject({ _tag: "ReplyTimeout", timeoutMs: 50 })
+      }),
   )
 
   it.effect("closing fails what waits and refuses what comes after", () =>

@@ -10,7 +10,7 @@
  * subscription already exists on the server, an ask needs no flush before it is sent.
  */
 import { createInbox, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node"
-import { Effect, type Scope } from "effect"
+import { Data, Effect } from "effect"
 import { NatsError } from "./Nats.ts"
 
 export interface Requests {
@@ -28,26 +28,33 @@ export interface Requests {
   ) => Effect.Effect<Msg, NatsError>
   /**
    * A fresh reply address under the shared inbox, for answers that come from elsewhere (an actor
-   * answering a question that travelled through its mailbox), listening from the moment it is made;
-   * `reply` waits for the first message sent to it (no deadline of its own: bound it). The address
-   * is forgotten when the scope closes.
+   * answering a question that travelled through its mailbox), listening from the moment it is made.
+   * `reply` waits for the first message sent to it (kept if it came before anyone waited), failing
+   * with `ReplyTimeout` once `timeoutMs` have passed since the address was made (checked by the
+   * sweep, so up to 100 ms late). An answered or timed-out address is forgotten by itself;
+   * `release` forgets one given up on.
    */
-  readonly inbox: (
-    operation: string,
-  ) => Effect.Effect<
-    { readonly subject: string; readonly reply: Effect.Effect<Msg, NatsError> },
-    never,
-    Scope.Scope
-  >
+  readonly inbox: (operation: string, timeoutMs: number) => Inbox
   /** Fails every waiting request and stops the sweep (the connection is closing). */
   readonly close: () => void
 }
 
+/** A reply address of `Requests.inbox`. */
+export interface Inbox {
+  readonly subject: string
+  readonly reply: Effect.Effect<Msg, NatsError | ReplyTimeout>
+  readonly release: () => void
+}
+
+/** No reply reached an inbox in time. */
+export class ReplyTimeout extends Data.TaggedError("ReplyTimeout")<{ readonly timeoutMs: number }> {}
+
 interface Pending {
   readonly operation: string
-  /** Epoch ms after which the sweep fails it; infinite for `inbox`. */
+  /** Epoch ms after which the sweep fails it with `timedOut`. */
   readonly deadline: number
-  readonly resume: (effect: Effect.Effect<Msg, NatsError>) => void
+  readonly timedOut: () => NatsError | ReplyTimeout
+  readonly resume: (effect: Effect.Effect<Msg, NatsError | ReplyTimeout>) => void
 }
 
 /** How often waiting requests are checked against their deadlines. */
@@ -79,7 +86,7 @@ export const make = (connection: NatsConnection): Requests => {
     for (const [token, waiting] of pending) {
       if (waiting.deadline > now) continue
       pending.delete(token)
-      waiting.resume(Effect.fail(new NatsError({ operation: waiting.operation, message: "timed out" })))
+      waiting.resume(Effect.fail(waiting.timedOut()))
     }
   }, SWEEP_MS)
   sweep.unref()
@@ -88,7 +95,13 @@ export const make = (connection: NatsConnection): Requests => {
     Effect.async<Msg, NatsError>((resume) => {
       if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
       const token = (next++).toString(36)
-      pending.set(token, { operation, deadline: Date.now() + timeoutMs, resume })
+      pending.set(token, {
+        operation,
+        deadline: Date.now() + timeoutMs,
+        timedOut: () => new NatsError({ operation, message: "timed out" }),
+        // Only `NatsError`s reach it: its own `timedOut`, "no responders", "connection closed".
+        resume: resume as Pending["resume"],
+      })
       try {
         connection.publish(subject, data, { reply: prefix + token, ...(headers ? { headers } : {}) })
       } catch (cause) {
@@ -101,33 +114,30 @@ export const make = (connection: NatsConnection): Requests => {
       })
     })
 
-  const inbox: Requests["inbox"] = (operation) =>
-    Effect.acquireRelease(
-      Effect.sync(() => {
-        const token = (next++).toString(36)
-        // The answer may come before anyone waits for it: keep it until then.
-        let arrived: Effect.Effect<Msg, NatsError> | undefined
-        let waiter: ((effect: Effect.Effect<Msg, NatsError>) => void) | undefined
-        pending.set(token, {
-          operation,
-          deadline: Number.POSITIVE_INFINITY,
-          resume: (effect) => {
-            if (waiter !== undefined) waiter(effect)
-            else arrived = effect
-          },
-        })
-        const reply = Effect.async<Msg, NatsError>((resume) => {
-          if (arrived !== undefined) return resume(arrived)
-          if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
-          waiter = resume
-          return Effect.sync(() => {
-            waiter = undefined
-          })
-        })
-        return { token, subject: prefix + token, reply }
-      }),
-      ({ token }) => Effect.sync(() => pending.delete(token)),
-    )
+  const inbox: Requests["inbox"] = (operation, timeoutMs) => {
+    const token = (next++).toString(36)
+    // The answer may come before anyone waits for it: keep it until then.
+    let arrived: Effect.Effect<Msg, NatsError | ReplyTimeout> | undefined
+    let waiter: ((effect: Effect.Effect<Msg, NatsError | ReplyTimeout>) => void) | undefined
+    pending.set(token, {
+      operation,
+      deadline: Date.now() + timeoutMs,
+      timedOut: () => new ReplyTimeout({ timeoutMs }),
+      resume: (effect) => {
+        if (waiter !== undefined) waiter(effect)
+        else arrived = effect
+      },
+    })
+    const reply = Effect.async<Msg, NatsError | ReplyTimeout>((resume) => {
+      if (arrived !== undefined) return resume(arrived)
+      if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
+      waiter = resume
+      return Effect.sync(() => {
+        waiter = undefined
+      })
+    })
+    return { subject: prefix + token, reply, release: () => pending.delete(token) }
+  }
 
   const close = () => {
     closed = true

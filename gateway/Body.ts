@@ -125,14 +125,34 @@ export class BodySource {
   /** The body as a stream of byte chunks, with backpressure to the client; fails past the limit. */
   readonly stream: Stream.Stream<Uint8Array, ApiError> = Stream.repeatEffectChunkOption(this.pull)
 
-  /** The whole body in one buffer (for JSON routes, whose limit keeps it small). */
-  readonly readAll: Effect.Effect<Uint8Array, ApiError> = Effect.map(
-    Stream.runCollect(this.stream),
-    (chunks) => {
-      if (chunks.length === 1) return Chunk.unsafeGet(chunks, 0)
-      return new Uint8Array(Buffer.concat(Chunk.toReadonlyArray(chunks)))
-    },
-  )
+  /**
+   * The whole body in one buffer (for JSON routes, whose limit keeps it small). Gathered by one
+   * wait rather than through `stream`: a JSON body comes with nearly every write request.
+   */
+  readonly readAll: Effect.Effect<Uint8Array, ApiError> = Effect.async((resume) => {
+    const parts: Array<Uint8Array> = []
+    const attempt = (): boolean => {
+      if (this.error) {
+        resume(Effect.fail(this.error))
+        return true
+      }
+      const chunk = this.take()
+      if (Option.isSome(chunk)) for (const part of chunk.value) parts.push(part)
+      if (!this.done) return false
+      resume(
+        Effect.succeed(parts.length === 1 ? (parts[0] as Uint8Array) : new Uint8Array(Buffer.concat(parts))),
+      )
+      return true
+    }
+    if (attempt()) return
+    const retry = () => {
+      if (!attempt()) this.wake = retry
+    }
+    this.wake = retry
+    return Effect.sync(() => {
+      this.wake = undefined
+    })
+  })
 }
 
 /** Whether a `content-type` header names JSON (`application/json`, parameters allowed). */
