@@ -1,4 +1,4 @@
-import { Chunk, Effect, ManagedRuntime, Option, Stream } from "effect"
+import { Chunk, Effect, ManagedRuntime, Option, Schedule, Stream } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { makeId } from "../../core/Ids.ts"
 import { Storage } from "../../core/Storage.ts"
@@ -199,6 +199,46 @@ describe("OutputSink", () => {
       stored_bytes: 0,
       done: false,
     })
+  })
+
+  it("a command with no output stores only its done marker; finishing again answers the same", async () => {
+    const { run, cmd } = ids()
+    const totals = await runtime.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const sink = yield* make(run, cmd)
+          const first = yield* sink.finish
+          expect(yield* sink.finish).toEqual(first)
+          return first
+        }),
+      ),
+    )
+    expect(totals).toEqual({ output_bytes: 0, stored_bytes: 0 })
+    const messages = await stored(run, cmd)
+    expect(messages.map((m) => [m.header(outputHeaders.done), m.data.length])).toEqual([["1", 0]])
+    expect(await read(run, cmd, 0)).toMatchObject({ output: "", output_bytes: 0, done: true })
+  })
+
+  it("output is stored within the flush interval, before the command ends", async () => {
+    const { run, cmd } = ids()
+    await runtime.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const sink = yield* make(run, cmd, { flushMs: 20 })
+          sink.write(Buffer.from("partial"))
+          // Read until the timer has published the chunk (the test timeout bounds it).
+          yield* Effect.promise(() => read(run, cmd, 0)).pipe(
+            Effect.repeat({ until: (r) => r.output === "partial", schedule: Schedule.spaced("10 millis") }),
+          )
+          expect(yield* Effect.promise(() => read(run, cmd, 0))).toMatchObject({
+            output: "partial",
+            done: false,
+          })
+        }),
+      ),
+    )
+    // The scope closed without `finish`: no marker.
+    expect((await stored(run, cmd)).map((m) => m.header(outputHeaders.done) ?? "")).toEqual([""])
   })
 
   it("a retried publish of the same chunk is stored once", async () => {

@@ -12,7 +12,7 @@
  * re-exported here.
  */
 import type { Scope } from "effect"
-import { Deferred, Effect, Queue, Schedule } from "effect"
+import { Deferred, Effect, Fiber, Queue, Runtime, Schedule } from "effect"
 import { outputHeaders } from "../../core/CommandOutput.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
@@ -92,8 +92,10 @@ type Piece =
   | { readonly _tag: "done"; readonly totals: OutputTotals }
 
 /**
- * A sink for command `cmd` of run `run`. Chunks are published in order by one fiber of the scope;
- * closing the scope before `finish` drops what was not yet published (no done marker).
+ * A sink for command `cmd` of run `run`. Chunks are published in order by one fiber, started by
+ * the first chunk (most commands print little or nothing: one with no output forks nothing and
+ * only publishes its marker); closing the scope before `finish` drops what was not yet published
+ * (no done marker).
  */
 export const make = (
   run: string,
@@ -102,6 +104,7 @@ export const make = (
 ): Effect.Effect<OutputSink, never, Nats | Storage | Scope.Scope> =>
   Effect.gen(function* () {
     const { names } = yield* Storage
+    const runtime = yield* Effect.runtime<Nats>()
     const subject = names.subjects.output(run, cmd)
     const keep = options.keepBytes ?? KEEP_BYTES
     const flushBytes = options.flushBytes ?? FLUSH_BYTES
@@ -116,32 +119,12 @@ export const make = (
     let pending: Array<Uint8Array> = []
     let pendingBytes = 0
     let finishing = false
-
-    const flush = () => {
-      if (pendingBytes === 0) return
-      const data = pending.length === 1 ? (pending[0] as Uint8Array) : Buffer.concat(pending)
-      queue.unsafeOffer({ _tag: "chunk", offset: flushed, data, outputBytes })
-      flushed += data.length
-      pending = []
-      pendingBytes = 0
-    }
-
-    const write = (chunk: Uint8Array) => {
-      outputBytes += chunk.length
-      const room = keep - accepted
-      if (room <= 0 || finishing) return
-      // A copy: the caller may reuse its buffer.
-      const piece = Uint8Array.prototype.slice.call(chunk, 0, Math.min(room, chunk.length))
-      pending.push(piece)
-      pendingBytes += piece.length
-      accepted += piece.length
-      if (pendingBytes >= flushBytes) flush()
-    }
-
-    const totals = () => ({ output_bytes: outputBytes, stored_bytes: accepted })
+    let publisher: Fiber.RuntimeFiber<void> | undefined
+    // Pending bytes wait at most `flushMs` before they are queued.
+    let timer: ReturnType<typeof setTimeout> | undefined
 
     // One publisher, one message at a time: the stream holds the chunks in offset order.
-    yield* Effect.gen(function* () {
+    const publishAll = Effect.gen(function* () {
       for (;;) {
         const piece = yield* Queue.take(queue)
         if (piece._tag === "chunk") {
@@ -156,16 +139,63 @@ export const make = (
       }
     }).pipe(
       Effect.catchAll((e) => Deferred.fail(ended, e)),
-      Effect.forkScoped,
+      Effect.asVoid,
     )
 
-    yield* Effect.sync(flush).pipe(Effect.repeat(Schedule.spaced(flushMs)), Effect.forkScoped)
+    const flush = () => {
+      if (timer !== undefined) {
+        clearTimeout(timer)
+        timer = undefined
+      }
+      if (pendingBytes === 0) return
+      const data = pending.length === 1 ? (pending[0] as Uint8Array) : Buffer.concat(pending)
+      publisher ??= Runtime.runFork(runtime)(publishAll)
+      queue.unsafeOffer({ _tag: "chunk", offset: flushed, data, outputBytes })
+      flushed += data.length
+      pending = []
+      pendingBytes = 0
+    }
+    yield* Effect.addFinalizer(() =>
+      Effect.suspend(() => {
+        if (timer !== undefined) clearTimeout(timer)
+        return publisher === undefined ? Effect.void : Fiber.interrupt(publisher)
+      }),
+    )
+
+    const write = (chunk: Uint8Array) => {
+      outputBytes += chunk.length
+      const room = keep - accepted
+      if (room <= 0 || finishing) return
+      // A copy: the caller may reuse its buffer.
+      const piece = Uint8Array.prototype.slice.call(chunk, 0, Math.min(room, chunk.length))
+      pending.push(piece)
+      pendingBytes += piece.length
+      accepted += piece.length
+      if (pendingBytes >= flushBytes) flush()
+      else timer ??= setTimeout(flush, flushMs)
+    }
+
+    const totals = () => ({ output_bytes: outputBytes, stored_bytes: accepted })
 
     const finish = Effect.suspend(() => {
       if (!finishing) {
         finishing = true
         flush()
-        queue.unsafeOffer({ _tag: "done", totals: totals() })
+        const done = totals()
+        // Nothing was ever published: the marker alone, without a publisher.
+        if (publisher === undefined)
+          return Effect.zipRight(
+            Deferred.complete(
+              ended,
+              publishDone(subject, cmd, done).pipe(
+                Effect.retry(retryPolicy),
+                Effect.as(done),
+                Effect.provide(runtime.context),
+              ),
+            ),
+            Deferred.await(ended),
+          )
+        queue.unsafeOffer({ _tag: "done", totals: done })
       }
       return Deferred.await(ended)
     })
