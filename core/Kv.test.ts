@@ -1,5 +1,5 @@
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Chunk, Clock, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
+import { Chunk, Clock, Deferred, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
@@ -165,6 +165,39 @@ layer(layerAll())("Kv", (it) => {
       yield* kv.put(`${p}.a`, { n: 2, by: "a" })
       const first = yield* kv.watch(`${p}.>`).pipe(Stream.take(1), Stream.runCollect)
       expect(Chunk.toReadonlyArray(first)).toMatchObject([{ _tag: "Put", key: `${p}.a`, value: { n: 2 } }])
+    }),
+  )
+
+  it.effect("watchEach hands over current values then changes, one at a time, until interrupted", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const p = uniqueName("we")
+      yield* kv.put(`${p}.a`, { n: 1, by: "a" })
+      const seen: Array<string> = []
+      let busy = 0
+      const first = yield* Deferred.make<void>()
+      const all = yield* Deferred.make<void>()
+      const fiber = yield* Effect.fork(
+        kv.watchEach(`${p}.*`, {}, (change) =>
+          Effect.gen(function* () {
+            busy++
+            expect(busy).toBe(1)
+            yield* Effect.yieldNow()
+            seen.push(change._tag === "Put" ? `${change.key}=${change.value.n}` : `${change.key} deleted`)
+            busy--
+            if (seen.length === 1) yield* Deferred.succeed(first, undefined)
+            if (seen.length === 4) yield* Deferred.succeed(all, undefined)
+          }),
+        ),
+      )
+      // The current value first; the writes below then come as changes.
+      yield* Deferred.await(first)
+      yield* kv.put(`${p}.b`, { n: 2, by: "a" })
+      yield* kv.delete(`${p}.a`)
+      yield* kv.put(`${p}.b`, { n: 3, by: "a" })
+      yield* Deferred.await(all)
+      yield* Fiber.interrupt(fiber)
+      expect(seen).toEqual([`${p}.a=1`, `${p}.b=2`, `${p}.a deleted`, `${p}.b=3`])
     }),
   )
 

@@ -8,7 +8,7 @@
  */
 
 import { type JetStreamClient, PubHeaders } from "@nats-io/jetstream"
-import type { KV, KvWatchInclude } from "@nats-io/kv"
+import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
 import { headers as natsHeaders } from "@nats-io/transport-node"
 import type { Scope } from "effect"
@@ -89,6 +89,15 @@ export interface Kv<A> {
     filter?: string,
     options?: WatchOptions,
   ) => Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>
+  /**
+   * As `watch`, handing each change to `f` in turn (the next is taken once `f` is done), without a
+   * `Stream`: for long-lived watchers on a hot path. Completes if the watch ends.
+   */
+  readonly watchEach: <E, R>(
+    filter: string,
+    options: WatchOptions,
+    f: (change: KvChange<A>) => Effect.Effect<void, E, R>,
+  ) => Effect.Effect<void, NatsError | KvValueInvalid | E, R>
   /**
    * The key's first value, current or to come, that `test` accepts; waits as long as it takes
    * (callers bound it). A core subscription on the key's republished writes (`republishedPrefix`)
@@ -309,37 +318,51 @@ export const make = <A, I>(
         return out
       })
 
-    const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
-      Effect.map(
-        Effect.acquireRelease(
-          attempt(`kv.watch ${bucket}`, () =>
-            kv.watch({
-              key: filter,
-              include: includeOf[options.include ?? "last"],
-              ...(options.fromRevision === undefined ? {} : { resumeFromRevision: options.fromRevision }),
-            }),
-          ),
-          (iterator) => Effect.sync(() => iterator.stop()),
+    const openWatch = (filter: string, options: WatchOptions) =>
+      Effect.acquireRelease(
+        attempt(`kv.watch ${bucket}`, () =>
+          kv.watch({
+            key: filter,
+            include: includeOf[options.include ?? "last"],
+            ...(options.fromRevision === undefined ? {} : { resumeFromRevision: options.fromRevision }),
+          }),
         ),
-        (iterator) =>
-          Stream.fromAsyncIterable(
-            stoppable(iterator),
-            (cause) =>
-              new NatsError({
-                operation: `kv.watch ${bucket}`,
-                message: cause instanceof Error ? cause.message : String(cause),
-                cause,
-              }),
-          ).pipe(
-            Stream.mapEffect((e) =>
-              e.operation === "PUT"
-                ? Effect.map(
-                    decode(e.key, e.value),
-                    (value): KvChange<A> => ({ _tag: "Put", key: e.key, value, revision: e.revision }),
-                  )
-                : Effect.succeed<KvChange<A>>({ _tag: "Deleted", key: e.key, revision: e.revision }),
-            ),
-          ),
+        (iterator) => Effect.sync(() => iterator.stop()),
+      )
+    const changeOf = (e: KvWatchEntry): Effect.Effect<KvChange<A>, KvValueInvalid> =>
+      e.operation === "PUT"
+        ? Effect.map(
+            decode(e.key, e.value),
+            (value): KvChange<A> => ({ _tag: "Put", key: e.key, value, revision: e.revision }),
+          )
+        : Effect.succeed({ _tag: "Deleted", key: e.key, revision: e.revision })
+
+    const watchEach: Kv<A>["watchEach"] = (filter, options, f) =>
+      Effect.scoped(
+        Effect.flatMap(openWatch(filter, options), (iterator) => {
+          const entries = iterator[Symbol.asyncIterator]()
+          const next = attempt(`kv.watch ${bucket}`, () => entries.next())
+          return Effect.gen(function* () {
+            for (;;) {
+              const step = yield* next
+              if (step.done === true) return
+              yield* f(yield* changeOf(step.value))
+            }
+          })
+        }),
+      )
+
+    const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
+      Effect.map(openWatch(filter, options), (iterator) =>
+        Stream.fromAsyncIterable(
+          stoppable(iterator),
+          (cause) =>
+            new NatsError({
+              operation: `kv.watch ${bucket}`,
+              message: cause instanceof Error ? cause.message : String(cause),
+              cause,
+            }),
+        ).pipe(Stream.mapEffect(changeOf)),
       )
 
     const watch: Kv<A>["watch"] = (filter, options) => Stream.unwrapScoped(watchScoped(filter, options))
@@ -388,6 +411,7 @@ export const make = <A, I>(
       delete: del,
       keys,
       watch,
+      watchEach,
       watchScoped,
       awaitValue,
     } satisfies Kv<A>

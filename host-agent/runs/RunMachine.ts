@@ -42,7 +42,6 @@ import {
   Schedule,
   Schema,
   Scope as ScopeOps,
-  Stream,
 } from "effect"
 import { Run } from "../../actors/run/Messages.ts"
 import * as Mailbox from "../../actors/runtime/Mailbox.ts"
@@ -593,14 +592,17 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             )
           })
 
-        yield* commands.watch(kvKeys.commandsOf(runId)).pipe(
-          Stream.runForEach((change) =>
+        yield* commands
+          .watchEach(kvKeys.commandsOf(runId), {}, (change) =>
             change._tag === "Put"
               ? feedLock.withPermits(1)(take(change.value, change.revision))
               : Effect.void,
-          ),
-          Effect.mapError((e) => lifeFailed("infrastructure", `watching the run's commands: ${describe(e)}`)),
-        )
+          )
+          .pipe(
+            Effect.mapError((e) =>
+              lifeFailed("infrastructure", `watching the run's commands: ${describe(e)}`),
+            ),
+          )
       })
 
     const lifeFiber = yield* life((d) => Deferred.succeed(dispatcherReady, d)).pipe(
