@@ -39,6 +39,7 @@ import {
   Fiber,
   Option,
   Redacted,
+  Runtime,
   Schedule,
   Schema,
   Scope as ScopeOps,
@@ -138,10 +139,9 @@ interface Tracked {
   done: boolean
   /** The fiber that writes its end (dispatched kinds) or handles it (`finish`). */
   fiber?: Fiber.RuntimeFiber<void>
-  /**
-   * The fiber that writes `running` once the command has worked for `runningAfterMs`; its end
-   * interrupts it while it still waits, and waits for it once it writes.
-   */
+  /** Set at the start: fires after `runningAfterMs` to write `running`; the end clears it. */
+  markTimer?: ReturnType<typeof setTimeout>
+  /** The fiber writing `running` once the timer fired; the end waits for it. */
   marking?: Fiber.RuntimeFiber<void>
   /** When the machine started it (its `started_at`, whether or not `running` was written). */
   startedAt?: Timestamp
@@ -169,6 +169,16 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
       ScopeOps.extend(scope),
     )
     const tracked = new Map<string, Tracked>()
+    const runFork = Runtime.runFork(yield* Effect.runtime<never>())
+    // The machine is going away: no `running` is written any more.
+    let closing = false
+    yield* ScopeOps.addFinalizer(
+      scope,
+      Effect.sync(() => {
+        closing = true
+        for (const t of tracked.values()) clearTimeout(t.markTimer)
+      }),
+    )
     const feedLock = yield* Effect.makeSemaphore(1)
     let finished = false
     let ending = false
@@ -276,7 +286,8 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     const finishRecord = (t: Tracked, outcome: Outcome) =>
       Effect.gen(function* () {
         // Still waiting to write `running`: it never will; already writing: that write comes first.
-        if (t.marking) yield* Fiber.interrupt(t.marking)
+        clearTimeout(t.markTimer)
+        if (t.marking) yield* Fiber.await(t.marking)
         if (t.done) return
         const at = yield* now
         const base = { ...t.record, ended_at: at }
@@ -447,14 +458,13 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           onStart: (record) => {
             const t = tracked.get(record.id)
             if (t === undefined) return Effect.void
-            return Effect.gen(function* () {
-              t.startedAt = yield* now
-              t.marking = yield* Effect.forkIn(
-                Effect.sleep(settings.runningAfterMs).pipe(
-                  Effect.zipRight(Effect.uninterruptible(markRunning(t))),
-                ),
-                scope,
-              )
+            // A plain timer: most commands end before it fires, and a fiber each would cost more.
+            return Effect.map(now, (at) => {
+              t.startedAt = at
+              t.markTimer = setTimeout(() => {
+                t.markTimer = undefined
+                if (!t.done && !closing) t.marking = runFork(Effect.uninterruptible(markRunning(t)))
+              }, settings.runningAfterMs)
             })
           },
         }).pipe(ScopeOps.extend(scope))
