@@ -26,8 +26,9 @@
  *   request's fiber when the client goes away, which ends the wait.
  * - Output `done` is also true once the record has ended and everything stored was read, so a
  *   command that never ran (cancelled while queued, or not `bash`) answers done instead of
- *   waiting forever for a marker no one will write. The host writes a `bash` command's done
- *   marker before its record's end, so this does not cut a finished command short.
+ *   waiting forever for a marker no one will write. The host stores every chunk of a `bash`
+ *   command's output before its record's end (the marker follows without being waited for), so
+ *   this does not cut a finished command short; `output_bytes` then comes from the record.
  * - Cancel answers 200 with the record (DESIGN.md): at once when it has already ended, else after
  *   asking the run actor, when the record ends, or at the latest after `cancelWaitMs`.
  */
@@ -76,11 +77,18 @@ const current = (run: string, seq: number, fallback: CommandRecord) =>
     Option.getOrElse(() => fallback),
   )
 
-// What the output read answers; `done` also once the record ended and all stored was read.
-const outputAnswer = (output: CommandOutput, record: CommandRecord): CommandOutput => ({
-  ...output,
-  done: output.done || (Records.isEnded(record) && output.next >= output.stored_bytes),
-})
+// What the output read answers; `done` also once the record ended and all stored was read, and
+// then the byte count is the result's (the marker may not be stored yet; every chunk is).
+const outputAnswer = (output: CommandOutput, record: CommandRecord): CommandOutput => {
+  if (!Records.isEnded(record)) return output
+  const counted =
+    record.result !== undefined && "output_bytes" in record.result ? record.result.output_bytes : 0
+  return {
+    ...output,
+    output_bytes: Math.max(output.output_bytes, counted),
+    done: output.done || output.next >= output.stored_bytes,
+  }
+}
 
 // A command without output (every kind but `bash`): empty, done once it ended.
 const noOutput = (after: number, record: CommandRecord): CommandOutput => ({

@@ -1,4 +1,4 @@
-import { Deferred, Effect, Exit, Schema, Stream } from "effect"
+import { Deferred, Effect, Exit, Schedule, Schema, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { makeId } from "../../core/Ids.ts"
 import type { ObjectStore } from "../../core/ObjectStore.ts"
@@ -51,6 +51,14 @@ const sh = async (command: string) => {
   if (o.state !== "succeeded") throw new Error(JSON.stringify(o))
   return (o.result as { output: string }).output
 }
+// The stream's read once the done marker (which follows a command's end) is stored.
+const untilMarked = (cmd: string) =>
+  runtime.runPromise(
+    readOutput(RUN, cmd, 0).pipe(
+      Effect.repeat({ until: (o) => o.done, schedule: Schedule.spaced("5 millis") }),
+      Effect.zipRight(readOutput(RUN, cmd, 0)),
+    ),
+  )
 const readAll = async (cmd: string) => {
   const pages = []
   let after = 0
@@ -98,13 +106,14 @@ while n > 0:
     const r = record("bash", { command: "printf 'x\\xffy'; exit 3" })
     const outcome = await exec(r)
     expect(outcome).toMatchObject({ state: "succeeded", result: { exit_code: 3, output_bytes: 3 } })
-    expect(await runtime.runPromise(readOutput(RUN, r.id, 0))).toEqual({
+    // Every chunk is stored when the command ends; its done marker follows.
+    expect(await runtime.runPromise(readOutput(RUN, r.id, 0))).toMatchObject({
       output: "x\uFFFDy",
       next: 3,
-      output_bytes: 3,
       stored_bytes: 3,
-      done: true,
     })
+    const marked = await untilMarked(r.id)
+    expect(marked).toEqual({ output: "x\uFFFDy", next: 3, output_bytes: 3, stored_bytes: 3, done: true })
   })
 
   it("bash: arguments the guest refuses make the command `failed` with the field named", async () => {
@@ -248,7 +257,7 @@ describe("Dispatcher", () => {
     expect(result.running).toBe("3\n")
     expect(result).toMatchObject({ cancelled: true, again: false, outcome: { state: "cancelled" } })
     expect(await sh("pgrep -x sleep | wc -l")).toBe("0\n")
-    expect(await runtime.runPromise(readOutput(RUN, r.id, 0))).toEqual({
+    expect(await untilMarked(r.id)).toEqual({
       output: "started\n",
       next: 8,
       output_bytes: 8,

@@ -43,7 +43,9 @@ const writeAll = (run: string, cmd: string, bytes: Buffer, piece: number) =>
           // Let the publisher and the timer run now and then, as a live command would.
           if ((at / piece) % 4096 === 0) yield* Effect.yieldNow()
         }
-        return yield* sink.finish
+        const totals = yield* sink.finish
+        yield* sink.marked
+        return totals
       }),
     ),
   )
@@ -152,6 +154,7 @@ describe("OutputSink", () => {
           const before = yield* readOutput(run, cmd, 0)
           sink.write(Buffer.from([0xac]))
           const totals = yield* sink.finish
+          yield* sink.marked
           return { before, after: yield* readOutput(run, cmd, before.next), totals }
         }),
       ),
@@ -209,6 +212,7 @@ describe("OutputSink", () => {
           const sink = yield* make(run, cmd)
           const first = yield* sink.finish
           expect(yield* sink.finish).toEqual(first)
+          yield* sink.marked
           return first
         }),
       ),

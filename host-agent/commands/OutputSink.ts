@@ -6,13 +6,15 @@
  * whatever came in the last 50 ms, so a command printing a byte at a time does not become a
  * message per byte. Every chunk carries its byte offset, and its `Nats-Msg-Id` is
  * `<cmd>:<offset>`, so a retried publish is stored once. When the command ends a marker message
- * (`Hangar-Done: 1`, no payload) records the totals.
+ * (`Hangar-Done: 1`, no payload) records the totals; the command's end waits for its chunks, not
+ * for the marker (readers take a command whose record has ended and whose stored bytes were all
+ * read as done, and its byte count from the record).
  *
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
  */
 import type { Scope } from "effect"
-import { Deferred, Effect, Fiber, Queue, Runtime, Schedule } from "effect"
+import { Deferred, Effect, Exit, Fiber, Queue, Runtime, Schedule } from "effect"
 import { outputHeaders } from "../../core/CommandOutput.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
@@ -39,8 +41,14 @@ export interface OutputTotals {
 export interface OutputSink {
   /** Takes output bytes as they come (synchronous, for stream callbacks); bytes past 4 MiB are only counted. */
   readonly write: (chunk: Uint8Array) => void
-  /** Publishes what is pending and the done marker; waits until all is stored. Call once, when the command ended. */
+  /**
+   * Publishes what is pending and waits until every chunk is stored; the done marker follows
+   * without being waited for (`marked`), so the command's end is not held up by it. Call when
+   * the command ended; calling again answers the same.
+   */
   readonly finish: Effect.Effect<OutputTotals, NatsError>
+  /** Completes once the done marker is stored (after `finish`). */
+  readonly marked: Effect.Effect<void, NatsError>
   /** The totals so far. */
   readonly totals: () => OutputTotals
 }
@@ -112,7 +120,9 @@ export const make = (
 
     // Memory is bounded by `keep`: nothing past it is queued.
     const queue = yield* Queue.unbounded<Piece>()
+    // Every chunk stored; then the marker stored.
     const ended = yield* Deferred.make<OutputTotals, NatsError>()
+    const marked = yield* Deferred.make<void, NatsError>()
     let outputBytes = 0
     let accepted = 0
     let flushed = 0
@@ -123,7 +133,17 @@ export const make = (
     // Pending bytes wait at most `flushMs` before they are queued.
     let timer: ReturnType<typeof setTimeout> | undefined
 
-    // One publisher, one message at a time: the stream holds the chunks in offset order.
+    const publishMarker = (totals: OutputTotals) =>
+      publishDone(subject, cmd, totals).pipe(
+        Effect.retry(retryPolicy),
+        Effect.asVoid,
+        Effect.tapError((e) => Effect.logWarning("command output marker not stored", e)),
+        Effect.exit,
+        Effect.flatMap((exit) => Deferred.done(marked, exit)),
+      )
+
+    // One publisher, one message at a time: the stream holds the chunks in offset order, and the
+    // marker after them.
     const publishAll = Effect.gen(function* () {
       for (;;) {
         const piece = yield* Queue.take(queue)
@@ -132,13 +152,13 @@ export const make = (
             Effect.retry(retryPolicy),
           )
         } else {
-          yield* publishDone(subject, cmd, piece.totals).pipe(Effect.retry(retryPolicy))
           yield* Deferred.succeed(ended, piece.totals)
+          yield* publishMarker(piece.totals)
           return
         }
       }
     }).pipe(
-      Effect.catchAll((e) => Deferred.fail(ended, e)),
+      Effect.catchAll((e) => Effect.zipRight(Deferred.fail(ended, e), Deferred.fail(marked, e))),
       Effect.asVoid,
     )
 
@@ -158,7 +178,8 @@ export const make = (
     yield* Effect.addFinalizer(() =>
       Effect.suspend(() => {
         if (timer !== undefined) clearTimeout(timer)
-        return publisher === undefined ? Effect.void : Fiber.interrupt(publisher)
+        // Once finishing, the publisher ends by itself with the marker.
+        return publisher === undefined || finishing ? Effect.void : Fiber.interrupt(publisher)
       }),
     )
 
@@ -182,25 +203,16 @@ export const make = (
         finishing = true
         flush()
         const done = totals()
-        // Nothing was ever published: the marker alone, without a publisher.
-        if (publisher === undefined)
-          return Effect.zipRight(
-            Deferred.complete(
-              ended,
-              publishDone(subject, cmd, done).pipe(
-                Effect.retry(retryPolicy),
-                Effect.as(done),
-                Effect.provide(runtime.context),
-              ),
-            ),
-            Deferred.await(ended),
-          )
-        queue.unsafeOffer({ _tag: "done", totals: done })
+        if (publisher === undefined) {
+          // Nothing was ever published: every chunk is stored, and the marker needs no publisher.
+          Deferred.unsafeDone(ended, Exit.succeed(done))
+          publisher = Runtime.runFork(runtime)(publishMarker(done).pipe(Effect.ignore))
+        } else queue.unsafeOffer({ _tag: "done", totals: done })
       }
       return Deferred.await(ended)
     })
 
-    return { write, finish, totals } satisfies OutputSink
+    return { write, finish, marked: Deferred.await(marked), totals } satisfies OutputSink
   })
 
 // ---------------------------------------------------------------------------------------------
