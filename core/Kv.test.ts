@@ -248,6 +248,23 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect("awaitValueUpTo: none once its time is up, unsubscribed; a passing write in time answers", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const { connection } = yield* Nats
+      const key = `${uniqueName("a")}.k`
+      yield* kv.put(key, { n: 1, by: "a" })
+      const before = subscriptions(connection)
+      expect(yield* kv.awaitValueUpTo(key, (v) => v.n === 2, 50)).toEqual(Option.none())
+      expect(subscriptions(connection)).toBe(before)
+      const waiting = yield* Effect.fork(kv.awaitValueUpTo(key, (v) => v.n === 2, 60_000))
+      yield* untilSubscribed(connection, before)
+      yield* kv.put(key, { n: 2, by: "b" })
+      expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 2, by: "b" }))
+      expect(subscriptions(connection)).toBe(before)
+    }),
+  )
+
   it.effect("an interrupted awaitValue unsubscribes", () =>
     Effect.gen(function* () {
       const kv = yield* actors

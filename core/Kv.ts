@@ -10,7 +10,7 @@
 import { type JetStreamClient, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
-import { headers as natsHeaders } from "@nats-io/transport-node"
+import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node"
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
 import type { ParseError } from "effect/ParseResult"
@@ -109,6 +109,12 @@ export interface Kv<A> {
     key: string,
     test: (value: A) => boolean,
   ) => Effect.Effect<A, NatsError | KvValueInvalid>
+  /** As `awaitValue`, giving up after `timeoutMs` (none). */
+  readonly awaitValueUpTo: (
+    key: string,
+    test: (value: A) => boolean,
+    timeoutMs: number,
+  ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
   /**
    * As `watch`, but subscribed when the effect completes: every write after that point is in the
    * stream (subscribe, then read, then wait — no lost wake-up). Unsubscribes when the scope closes.
@@ -367,40 +373,83 @@ export const make = <A, I>(
 
     const watch: Kv<A>["watch"] = (filter, options) => Stream.unwrapScoped(watchScoped(filter, options))
 
+    // Stored writes only. No flush: the read goes out on the same connection after the
+    // subscription, and the server handles one connection's messages in order, so a write
+    // republished before it listens was stored before the read. One callback subscription and one
+    // timer, no fibers: a long poll's wait is on the path of every command.
+    const awaitUpTo = (
+      key: string,
+      test: (value: A) => boolean,
+      timeoutMs: number | undefined,
+    ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
+      Effect.suspend(() => {
+        const operation = `kv.subscribe ${bucket}`
+        const queued: Array<Msg> = []
+        let ended = false
+        let wake: (() => void) | undefined
+        let sub: Subscription
+        try {
+          sub = connection.subscribe(republishedPrefix(bucket) + key, {
+            callback: (_error, msg) => {
+              queued.push(msg)
+              wake?.()
+            },
+          })
+        } catch (cause) {
+          const message = cause instanceof Error ? cause.message : String(cause)
+          return Effect.fail(new NatsError({ operation, message, cause }))
+        }
+        void sub.closed.then(() => {
+          ended = true
+          wake?.()
+        })
+        const deadline = timeoutMs === undefined ? Number.POSITIVE_INFINITY : Date.now() + timeoutMs
+        // The next write, or undefined once the time is up.
+        const next = Effect.async<Msg | undefined, NatsError>((resume) => {
+          const ready = () => {
+            const msg = queued.shift()
+            if (msg !== undefined) resume(Effect.succeed(msg))
+            else if (ended)
+              resume(Effect.fail(new NatsError({ operation, message: "the subscription ended" })))
+            else return false
+            return true
+          }
+          if (ready()) return
+          const left = deadline - Date.now()
+          if (left <= 0) return resume(Effect.succeed(undefined))
+          const timer = Number.isFinite(left)
+            ? setTimeout(() => {
+                wake = undefined
+                resume(Effect.succeed(undefined))
+              }, left)
+            : undefined
+          wake = () => {
+            if (!ready()) return
+            wake = undefined
+            clearTimeout(timer)
+          }
+          return Effect.sync(() => {
+            wake = undefined
+            clearTimeout(timer)
+          })
+        })
+        return Effect.gen(function* () {
+          const now = yield* get(key)
+          if (Option.isSome(now) && test(now.value.value)) return Option.some(now.value.value)
+          for (;;) {
+            const msg = yield* next
+            if (msg === undefined) return Option.none()
+            const op = msg.headers?.get("KV-Operation")
+            if (op === "DEL" || op === "PURGE") continue
+            const value = yield* decode(key, msg.data)
+            if (test(value)) return Option.some(value)
+          }
+        }).pipe(Effect.ensuring(Effect.sync(() => sub.unsubscribe())))
+      })
+
     const awaitValue: Kv<A>["awaitValue"] = (key, test) =>
-      Effect.acquireUseRelease(
-        // Stored writes only. No flush: the read goes out on the same connection after the
-        // subscription, and the server handles one connection's messages in order, so a write
-        // republished before it listens was stored before the read.
-        Effect.try({
-          try: () => connection.subscribe(republishedPrefix(bucket) + key),
-          catch: (cause) =>
-            new NatsError({
-              operation: `kv.subscribe ${bucket}`,
-              message: cause instanceof Error ? cause.message : String(cause),
-              cause,
-            }),
-        }),
-        (sub) =>
-          Effect.gen(function* () {
-            const now = yield* get(key)
-            if (Option.isSome(now) && test(now.value.value)) return now.value.value
-            const messages = sub[Symbol.asyncIterator]()
-            for (;;) {
-              const next = yield* attempt(`kv.subscribe ${bucket}`, () => messages.next())
-              if (next.done === true)
-                return yield* new NatsError({
-                  operation: `kv.subscribe ${bucket}`,
-                  message: "the subscription ended",
-                })
-              const operation = next.value.headers?.get("KV-Operation")
-              if (operation === "DEL" || operation === "PURGE") continue
-              const value = yield* decode(key, next.value.data)
-              if (test(value)) return value
-            }
-          }),
-        (sub) => Effect.sync(() => sub.unsubscribe()),
-      )
+      Effect.map(awaitUpTo(key, test, undefined), Option.getOrThrow)
+    const awaitValueUpTo: Kv<A>["awaitValueUpTo"] = (key, test, timeoutMs) => awaitUpTo(key, test, timeoutMs)
 
     return {
       bucket,
@@ -414,5 +463,6 @@ export const make = <A, I>(
       watchEach,
       watchScoped,
       awaitValue,
+      awaitValueUpTo,
     } satisfies Kv<A>
   })

@@ -96,22 +96,27 @@ export const awaitEnded = (
   })
 
 /**
- * Completes with the record at `seq` once it has ended, or at once when it is not command `cid`;
- * `seen` is told every value read (the current one first), so a caller whose wait runs out has the
- * latest record without reading it again. One read serves as the existence check and the start of
- * the wait (subscribed before it).
+ * The record at `seq` once it has ended, or at once when it is not command `cid`; none after
+ * `timeoutMs`. `seen` is told every value read (the current one first), so a caller whose wait
+ * runs out has the latest record without reading it again. One read serves as the existence check
+ * and the start of the wait (subscribed before it).
  */
 export const awaitEndedOf = (
   run: string,
   seq: number,
   cid: string,
+  timeoutMs: number,
   seen: (record: CommandRecord) => void,
-): Effect.Effect<CommandRecord, Fails, Nats | Storage> =>
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
   Effect.flatMap(commands, (kv) =>
-    kv.awaitValue(kvKeys.command(run, seq), (r) => {
-      seen(r)
-      return r.id !== cid || isEnded(r)
-    }),
+    kv.awaitValueUpTo(
+      kvKeys.command(run, seq),
+      (r) => {
+        seen(r)
+        return r.id !== cid || isEnded(r)
+      },
+      timeoutMs,
+    ),
   )
 
 /** The run's records changed after revision `since`, oldest change first, about `maxBytes` of JSON at most. */

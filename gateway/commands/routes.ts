@@ -155,12 +155,9 @@ export const routes = [
           const seq = yield* Records.sequenceOf(run.id, params.cid)
           if (Option.isNone(seq)) return yield* Effect.fail(ApiError.notFound("command"))
           let latest: CommandRecord | undefined
-          const ended = yield* upTo(
-            Duration.seconds(wait),
-            Records.awaitEndedOf(run.id, seq.value, params.cid, (r) => {
-              latest = r
-            }),
-          )
+          const ended = yield* Records.awaitEndedOf(run.id, seq.value, params.cid, wait * 1000, (r) => {
+            latest = r
+          })
           const record = Option.getOrElse(ended, () => latest)
           if (record === undefined || record.id !== params.cid)
             return yield* Effect.fail(ApiError.notFound("command"))
