@@ -193,7 +193,8 @@ export const make = <R>(
           Effect.suspend(() => {
             // Interrupted without a client abort (shutdown): close rather than leave it hanging.
             if (ex.open) abort(res, ex)
-            return Effect.annotateLogs(Effect.logInfo("request"), {
+            // Fields beside the text, not `annotateLogs`: one line per request (`core/Log.ts`).
+            return Effect.logInfo("request", {
               method,
               route: routeName,
               status: ex.aborted && ex.status === 0 ? 499 : ex.status,
