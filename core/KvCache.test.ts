@@ -1,5 +1,5 @@
 import { expect, layer } from "@effect/vitest"
-import { Clock, Effect, Option, Schema } from "effect"
+import { Clock, Effect, Fiber, Option, Schema } from "effect"
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
@@ -21,6 +21,23 @@ const eventually = <A, E, R>(read: Effect.Effect<A, E, R>, ok: (a: A) => boolean
   }).pipe(Effect.withClock(Clock.make()))
 
 layer(layerAll())("KvCache", (it) => {
+  it.scoped("settled waits until the watch brought a write here, or for its time at most", () =>
+    Effect.gen(function* () {
+      const writer = yield* bucket
+      const cache = yield* KvCache.make(yield* bucket, ">")
+      const key = uniqueName("k")
+      yield* writer.put(key, { n: 1 })
+      // Answered by the watch, not by a read: no get of the key was made.
+      yield* cache.settled(key, (v) => v?.n === 1, 60_000)
+      const waiting = yield* Effect.fork(cache.settled(key, (v) => v === undefined, 60_000))
+      yield* writer.delete(key)
+      yield* Fiber.join(waiting)
+      expect(Option.isNone(yield* cache.get(key))).toBe(true)
+      // Nothing comes: it ends after its time.
+      yield* cache.settled(key, (v) => v?.n === 9, 30)
+    }),
+  )
+
   it.scoped("serves a read from memory, and writes made elsewhere replace it", () =>
     Effect.gen(function* () {
       const writer = yield* bucket

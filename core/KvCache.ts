@@ -22,6 +22,16 @@ import type { NatsError } from "./Nats.ts"
 export interface KvCache<A> {
   /** The value at `key` (absent when deleted), from memory while the watch is live, else from KV. */
   readonly get: (key: string) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
+  /**
+   * Completes once the watch has brought this process a value at `key` that `test` accepts
+   * (`undefined`: deleted), at once while the cache is not live, and after `timeoutMs` at the
+   * latest: a writer waits for its own change to take effect here before it answers.
+   */
+  readonly settled: (
+    key: string,
+    test: (value: A | undefined) => boolean,
+    timeoutMs: number,
+  ) => Effect.Effect<void>
 }
 
 interface Cached<A> {
@@ -37,9 +47,12 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
     let generation = 0
     const ready = yield* Deferred.make<void>()
 
+    const waiters = new Map<string, Set<() => void>>()
     const apply = (key: string, next: Cached<A>) => {
       const seen = cache.get(key)
       if (!seen || seen.revision < next.revision) cache.set(key, next)
+      const waiting = waiters.get(key)
+      if (waiting !== undefined) for (const wake of [...waiting]) wake()
     }
 
     const watchOnce = Effect.scoped(
@@ -86,5 +99,35 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
         })
       })
 
-    return { get }
+    const settled: KvCache<A>["settled"] = (key, test, timeoutMs) =>
+      Effect.async<void>((resume) => {
+        const done = () => {
+          const seen = cache.get(key)
+          return !live || (seen !== undefined && test(seen.value))
+        }
+        if (done()) return resume(Effect.void)
+        let waiting = waiters.get(key)
+        if (waiting === undefined) {
+          waiting = new Set()
+          waiters.set(key, waiting)
+        }
+        const forget = () => {
+          clearTimeout(timer)
+          waiting.delete(wake)
+          if (waiting.size === 0) waiters.delete(key)
+        }
+        const wake = () => {
+          if (!done()) return
+          forget()
+          resume(Effect.void)
+        }
+        const timer = setTimeout(() => {
+          forget()
+          resume(Effect.void)
+        }, timeoutMs)
+        waiting.add(wake)
+        return Effect.sync(forget)
+      })
+
+    return { get, settled }
   })

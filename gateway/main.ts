@@ -11,6 +11,7 @@ import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
 import * as Accounts from "./accounts/routes.ts"
 import * as Auth from "./auth/Auth.ts"
+import type { KeyCache } from "./auth/KeyCache.ts"
 import * as Commands from "./commands/routes.ts"
 import * as Credit from "./credit/group.ts"
 import * as Downloads from "./downloads/routes.ts"
@@ -53,6 +54,7 @@ const groupServices = Layer.mergeAll(CliLogins.layerFromEnv, Credit.layerFromEnv
  */
 export const layer = Server.layer<
   | Auth.Auth
+  | KeyCache
   | AccountStore
   | Definitions.Services
   | Layer.Layer.Success<typeof groupServices>

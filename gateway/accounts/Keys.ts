@@ -3,21 +3,26 @@
  * `POST`; only its SHA-256 is stored. Revoking is idempotent and reaches every gateway at once
  * through the key cache's watch.
  */
-import { Effect, Schema } from "effect"
-import { Accounts } from "../../core/Accounts.ts"
+import { Effect, Option, Schema } from "effect"
+import { Accounts, keysOf } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
 import { CreateKeyRequest, type Key } from "../../schema/Account.ts"
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { KeyId } from "../../schema/Ids.ts"
+import { KeyCache } from "../auth/KeyCache.ts"
 import { hashToken, newToken } from "../auth/KeyTokens.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
+import { orInternal } from "../uploads/Create.ts"
 
 /** Request bodies of these routes are small; 16 KiB is far above any sensible one. */
 export const keyBodyLimit = 16 * 1024
 
 const isKeyId = Schema.is(KeyId)
+
+/** How long a revocation waits to see itself in this gateway's key cache. */
+const REVOKE_SETTLE_MS = 2_000
 
 /** The key routes. */
 export const routes = [
@@ -64,6 +69,13 @@ export const routes = [
         if (!isKeyId(params.id)) return yield* Effect.fail(ApiError.notFound("key"))
         const accounts = yield* Accounts
         yield* accounts.revokeKey(principal.account.id, params.id, principal.user)
+        // Answered once this gateway's key cache has it: every gateway's watch gets the change
+        // together, so the caller's next request, wherever it lands, finds the key revoked.
+        const index = yield* orInternal(
+          accounts.views.keyIndex.get(keysOf.keyId(principal.account.id, params.id)),
+          "key index read",
+        )
+        if (Option.isSome(index)) yield* (yield* KeyCache).revoked(index.value.value.hash, REVOKE_SETTLE_MS)
         return json({ revoked: params.id })
       }),
   }),

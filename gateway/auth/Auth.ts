@@ -144,11 +144,11 @@ export const make = Effect.gen(function* () {
 export const layer = Layer.effect(Auth, make)
 
 /**
- * The auth step with everything it stands on: the account store (also provided to the routes),
- * the key cache and its watch, and the ID token verifier. Needs NATS, the storage map and
+ * The auth step with everything it stands on: the account store and the key cache (also provided
+ * to the routes), the cache's watches, and the ID token verifier. Needs NATS, the storage map and
  * `IssuerSettings`.
  */
 export const layerAll = layer.pipe(
-  Layer.provide(Layer.mergeAll(keyCacheLayer, idTokensLayer)),
+  Layer.provideMerge(Layer.mergeAll(keyCacheLayer, idTokensLayer)),
   Layer.provideMerge(accountsLayer),
 )

@@ -25,6 +25,8 @@ export class KeyCache extends Context.Tag("gateway/KeyCache")<
     readonly user: (email: string) => Read<UserRecord>
     /** The membership of `user` in `account`, or none. */
     readonly member: (account: string, user: string) => Read<Member>
+    /** Completes once this gateway sees the key stored under `hash` revoked (at most `timeoutMs`). */
+    readonly revoked: (hash: string, timeoutMs: number) => Effect.Effect<void>
   }
 >() {}
 
@@ -45,6 +47,8 @@ export const make = Effect.gen(function* () {
     account: (id) => accounts.get(id),
     user: (email) => users.get(keysOf.user(email)),
     member: (account, user) => members.get(keysOf.member(account, user)),
+    revoked: (hash, timeoutMs) =>
+      keys.settled(keysOf.keyHash(hash), (k) => k === undefined || k.key.revoked_at !== undefined, timeoutMs),
   } satisfies Context.Tag.Service<KeyCache>
 })
 
