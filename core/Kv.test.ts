@@ -16,6 +16,20 @@ const subscriptions = (connection: unknown): number =>
 const untilSubscribed = (connection: unknown, before: number) =>
   Effect.yieldNow().pipe(Effect.repeat({ until: () => subscriptions(connection) > before }))
 
+// A key holding `{n: 1}` and `wait` on it, forked and subscribed (every later write reaches it);
+// `extra()` counts the connection's subscriptions beyond those before the wait.
+const subscribedWait = <A, E>(wait: (kv: Kv.Kv<typeof Counter.Type>, key: string) => Effect.Effect<A, E>) =>
+  Effect.gen(function* () {
+    const kv = yield* actors
+    const { connection } = yield* Nats
+    const key = `${uniqueName("a")}.k`
+    const revision = yield* kv.put(key, { n: 1, by: "a" })
+    const before = subscriptions(connection)
+    const waiting = yield* Effect.fork(wait(kv, key))
+    yield* untilSubscribed(connection, before)
+    return { kv, key, revision, waiting, extra: () => subscriptions(connection) - before }
+  })
+
 layer(layerAll())("Kv", (it) => {
   it.effect("create stores a value; a second create of the same key is a StateConflict", () =>
     Effect.gen(function* () {
@@ -214,54 +228,42 @@ layer(layerAll())("Kv", (it) => {
     "awaitValue skips values that fail the test and deletions, and answers the first that passes",
     () =>
       Effect.gen(function* () {
-        const kv = yield* actors
-        const { connection } = yield* Nats
-        const key = `${uniqueName("a")}.k`
-        yield* kv.put(key, { n: 1, by: "a" })
-        const before = subscriptions(connection)
-        const waiting = yield* Effect.fork(kv.awaitValue(key, (v) => v.n === 3))
-        // Subscribed: the writes below go out on the same connection after its SUB, so it sees them all.
-        yield* untilSubscribed(connection, before)
+        const { kv, key, waiting, extra } = yield* subscribedWait((kv, key) =>
+          kv.awaitValue(key, (v) => v.n === 3),
+        )
+        // Subscribed: every write below reaches it.
         yield* kv.put(key, { n: 2, by: "a" })
         yield* kv.delete(key)
         yield* kv.put(key, { n: 3, by: "b" })
         yield* kv.put(key, { n: 4, by: "a" })
         expect(yield* Fiber.join(waiting)).toEqual({ n: 3, by: "b" })
-        expect(subscriptions(connection)).toBe(before)
+        expect(extra()).toBe(0)
       }),
   )
 
   it.effect("awaitValue answers only stored writes: a refused compare-and-set is never seen", () =>
     Effect.gen(function* () {
-      const kv = yield* actors
-      const { connection } = yield* Nats
-      const key = `${uniqueName("a")}.k`
-      const rev = yield* kv.put(key, { n: 1, by: "a" })
-      const before = subscriptions(connection)
-      const waiting = yield* Effect.fork(kv.awaitValue(key, (v) => v.n === 2))
-      yield* untilSubscribed(connection, before)
+      const { kv, key, revision, waiting } = yield* subscribedWait((kv, key) =>
+        kv.awaitValue(key, (v) => v.n === 2),
+      )
       // Routed to the key's own subject before the stream refuses it.
-      const refused = yield* kv.update(key, { n: 2, by: "refused" }, rev + 5).pipe(Effect.flip)
+      const refused = yield* kv.update(key, { n: 2, by: "refused" }, revision + 5).pipe(Effect.flip)
       expect(refused._tag).toBe("StateConflict")
-      yield* kv.update(key, { n: 2, by: "stored" }, rev)
+      yield* kv.update(key, { n: 2, by: "stored" }, revision)
       expect(yield* Fiber.join(waiting)).toEqual({ n: 2, by: "stored" })
     }),
   )
 
   it.effect("awaitValueUpTo: none once its time is up, unsubscribed; a passing write in time answers", () =>
     Effect.gen(function* () {
-      const kv = yield* actors
-      const { connection } = yield* Nats
-      const key = `${uniqueName("a")}.k`
-      yield* kv.put(key, { n: 1, by: "a" })
-      const before = subscriptions(connection)
-      expect(yield* kv.awaitValueUpTo(key, (v) => v.n === 2, 50)).toEqual(Option.none())
-      expect(subscriptions(connection)).toBe(before)
-      const waiting = yield* Effect.fork(kv.awaitValueUpTo(key, (v) => v.n === 2, 60_000))
-      yield* untilSubscribed(connection, before)
+      const { kv, key, waiting, extra } = yield* subscribedWait((kv, key) =>
+        kv.awaitValueUpTo(key, (v) => v.n === 2, 60_000),
+      )
+      expect(yield* kv.awaitValueUpTo(key, (v) => v.n === 3, 50)).toEqual(Option.none())
+      expect(extra()).toBe(1)
       yield* kv.put(key, { n: 2, by: "b" })
       expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 2, by: "b" }))
-      expect(subscriptions(connection)).toBe(before)
+      expect(extra()).toBe(0)
     }),
   )
 

@@ -92,33 +92,33 @@ export class BodySource {
     return Option.some(out)
   }
 
-  /** Takes what has arrived, waiting for more; fails with `None` at the end of the body. */
-  private readonly pull: Effect.Effect<Chunk.Chunk<Uint8Array>, Option.Option<ApiError>> = Effect.async(
-    (resume) => {
-      const attempt = (): boolean => {
-        if (this.error) {
-          resume(Effect.fail(Option.some(this.error)))
-          return true
-        }
-        const chunk = this.take()
-        if (Option.isSome(chunk)) {
-          resume(Effect.succeed(chunk.value))
-          return true
-        }
-        if (this.done) {
-          resume(Effect.fail(Option.none()))
-          return true
-        }
-        return false
-      }
-      if (attempt()) return
+  // Runs `attempt` now and again each time bytes arrive, until it has answered (it says so).
+  private waitFor<A, E>(
+    attempt: (resume: (effect: Effect.Effect<A, E>) => void) => boolean,
+  ): Effect.Effect<A, E> {
+    return Effect.async((resume) => {
+      if (attempt(resume)) return
       const retry = () => {
-        if (!attempt()) this.wake = retry
+        if (!attempt(resume)) this.wake = retry
       }
       this.wake = retry
       return Effect.sync(() => {
         this.wake = undefined
       })
+    })
+  }
+
+  /** Takes what has arrived, waiting for more; fails with `None` at the end of the body. */
+  private readonly pull: Effect.Effect<Chunk.Chunk<Uint8Array>, Option.Option<ApiError>> = this.waitFor(
+    (resume) => {
+      if (this.error) resume(Effect.fail(Option.some(this.error)))
+      else {
+        const chunk = this.take()
+        if (Option.isSome(chunk)) resume(Effect.succeed(chunk.value))
+        else if (this.done) resume(Effect.fail(Option.none()))
+        else return false
+      }
+      return true
     },
   )
 
@@ -129,9 +129,9 @@ export class BodySource {
    * The whole body in one buffer (for JSON routes, whose limit keeps it small). Gathered by one
    * wait rather than through `stream`: a JSON body comes with nearly every write request.
    */
-  readonly readAll: Effect.Effect<Uint8Array, ApiError> = Effect.async((resume) => {
+  readonly readAll: Effect.Effect<Uint8Array, ApiError> = Effect.suspend(() => {
     const parts: Array<Uint8Array> = []
-    const attempt = (): boolean => {
+    return this.waitFor<Uint8Array, ApiError>((resume) => {
       if (this.error) {
         resume(Effect.fail(this.error))
         return true
@@ -143,14 +143,6 @@ export class BodySource {
         Effect.succeed(parts.length === 1 ? (parts[0] as Uint8Array) : new Uint8Array(Buffer.concat(parts))),
       )
       return true
-    }
-    if (attempt()) return
-    const retry = () => {
-      if (!attempt()) this.wake = retry
-    }
-    this.wake = retry
-    return Effect.sync(() => {
-      this.wake = undefined
     })
   })
 }
