@@ -10,7 +10,8 @@
  * (`host-agent/runs/RunMachine.ts`), the relay the terminal; they fail with `HandledElsewhere`.
  */
 import { posix } from "node:path"
-import { Data, Effect, Schema } from "effect"
+import { Data, Effect, Either, Schema } from "effect"
+import type { ParseError } from "effect/ParseResult"
 import type { Nats } from "../../core/Nats.ts"
 import type { ObjectInfo, ObjectStore } from "../../core/ObjectStore.ts"
 import type { SealStream } from "../../core/SealStream.ts"
@@ -72,10 +73,21 @@ const describe = (e: { readonly _tag: string; readonly [k: string]: unknown }): 
 const failed = (e: { readonly _tag: string }): Outcome => ({ state: "failed", error: describe(e) })
 const answered = (result: CommandResult): Outcome => ({ state: "succeeded", result })
 
-const decodeArguments = (record: CommandRecord) =>
-  Schema.decodeUnknown(commandSchemas[record.kind].arguments as Schema.Schema<unknown, unknown>)(
-    record.arguments,
-  ).pipe(Effect.mapError((e) => new InvalidArguments({ field: "arguments", detail: e.message })))
+// Synchronous decoders, built once per kind (one runs before every command).
+const argumentDecoders = new Map<string, (u: unknown) => Either.Either<unknown, ParseError>>()
+const decodeArguments = (record: CommandRecord): Either.Either<unknown, InvalidArguments> => {
+  let decode = argumentDecoders.get(record.kind)
+  if (decode === undefined) {
+    decode = Schema.decodeUnknownEither(
+      commandSchemas[record.kind].arguments as Schema.Schema<unknown, unknown>,
+    )
+    argumentDecoders.set(record.kind, decode)
+  }
+  return Either.mapLeft(
+    decode(record.arguments),
+    (e) => new InvalidArguments({ field: "arguments", detail: e.message }),
+  )
+}
 
 /** Default of `CommandContext.fileTimeoutMs`. */
 export const FILE_TIMEOUT_MS = 5 * 60_000
