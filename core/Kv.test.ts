@@ -215,6 +215,26 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect("watchEach passes over the changes `skip` names, undecoded", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const storage = yield* Storage
+      const raw = yield* Kv.make(storage.names.kv.actors.name, Schema.Unknown)
+      const p = uniqueName("ws")
+      // Not a Counter: decoding it would fail the watch.
+      const skipped = yield* raw.put(`${p}.bad`, { n: "not a number" })
+      const seen = yield* Deferred.make<string>()
+      const fiber = yield* Effect.fork(
+        kv.watchEach(`${p}.*`, { skip: (_key, revision) => revision === skipped }, (change) =>
+          Deferred.succeed(seen, change.key).pipe(Effect.asVoid),
+        ),
+      )
+      yield* kv.put(`${p}.good`, { n: 1, by: "a" })
+      expect(yield* Deferred.await(seen)).toBe(`${p}.good`)
+      yield* Fiber.interrupt(fiber)
+    }),
+  )
+
   it.effect("awaitValue answers a current value that passes at once", () =>
     Effect.gen(function* () {
       const kv = yield* actors

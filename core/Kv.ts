@@ -95,7 +95,10 @@ export interface Kv<A> {
    */
   readonly watchEach: <E, R>(
     filter: string,
-    options: WatchOptions,
+    options: WatchOptions & {
+      /** Changes to pass over before they are decoded (say, the watcher's own writes). */
+      readonly skip?: (key: string, revision: number) => boolean
+    },
     f: (change: KvChange<A>) => Effect.Effect<void, E, R>,
   ) => Effect.Effect<void, NatsError | KvValueInvalid | E, R>
   /**
@@ -352,6 +355,7 @@ export const make = <A, I>(
             for (;;) {
               const step = yield* next
               if (step.done === true) return
+              if (options.skip?.(step.value.key, step.value.revision) === true) continue
               yield* f(yield* changeOf(step.value))
             }
           })

@@ -169,6 +169,9 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
       ScopeOps.extend(scope),
     )
     const tracked = new Map<string, Tracked>()
+    // Revisions of the records this machine wrote: the watch brings them back, and they are passed
+    // over undecoded (each command's end would otherwise be read back once).
+    const ownWrites = new Set<number>()
     const runFork = Runtime.runFork(yield* Effect.runtime<never>())
     // The machine is going away: no `running` is written any more.
     let closing = false
@@ -223,6 +226,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           if (Option.isSome(written)) {
             t.revision = written.value
             t.record = next
+            ownWrites.add(written.value)
             return true
           }
           const current = yield* commands.get(keyOf(next))
@@ -603,10 +607,13 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           })
 
         yield* commands
-          .watchEach(kvKeys.commandsOf(runId), {}, (change) =>
-            change._tag === "Put"
-              ? feedLock.withPermits(1)(take(change.value, change.revision))
-              : Effect.void,
+          .watchEach(
+            kvKeys.commandsOf(runId),
+            { skip: (_key, revision) => ownWrites.delete(revision) },
+            (change) =>
+              change._tag === "Put"
+                ? feedLock.withPermits(1)(take(change.value, change.revision))
+                : Effect.void,
           )
           .pipe(
             Effect.mapError((e) =>
