@@ -69,8 +69,9 @@ export const routes = [
         if (!isKeyId(params.id)) return yield* Effect.fail(ApiError.notFound("key"))
         const accounts = yield* Accounts
         yield* accounts.revokeKey(principal.account.id, params.id, principal.user)
-        // Answered once this gateway's key cache has it: every gateway's watch gets the change
-        // together, so the caller's next request, wherever it lands, finds the key revoked.
+        // Answered once this gateway's key cache has it. The other gateways' watches get the
+        // change from the server at the same moment, so the caller's next request, wherever it
+        // lands, finds the key revoked (unless that gateway's process is far behind on its events).
         const index = yield* orInternal(
           accounts.views.keyIndex.get(keysOf.keyId(principal.account.id, params.id)),
           "key index read",
