@@ -154,8 +154,15 @@ export interface AccountsService {
   readonly keyByHash: (hash: string) => Effect.Effect<Option.Option<Kv.KvEntry<KeyRecord>>, StoreError>
   /** The account's keys, revoked ones included, oldest first. */
   readonly keys: (account: string) => Effect.Effect<ReadonlyArray<Key>, StoreError>
-  /** Marks the key revoked (idempotent); `not_found` when the account has no such key. */
-  readonly revokeKey: (account: string, id: string, by: string) => Fx<Key>
+  /**
+   * Marks the key revoked (idempotent); `not_found` when the account has no such key. Answers the
+   * key and the hash it is stored under.
+   */
+  readonly revokeKey: (
+    account: string,
+    id: string,
+    by: string,
+  ) => Fx<{ readonly key: Key; readonly hash: string }>
 }
 
 /** The account store. */
@@ -402,8 +409,9 @@ export const make: Effect.Effect<AccountsService, NatsError, Nats | Storage> = E
     Effect.gen(function* () {
       const index = yield* views.keyIndex.get(keysOf.keyId(acc, id))
       if (Option.isNone(index)) return yield* Effect.fail(ApiError.notFound("key"))
-      const hashKey = keysOf.keyHash(index.value.value.hash)
-      return yield* retryConflicts(
+      const hash = index.value.value.hash
+      const hashKey = keysOf.keyHash(hash)
+      const key = yield* retryConflicts(
         Effect.gen(function* () {
           const found = yield* views.keys.get(hashKey)
           if (Option.isNone(found)) return yield* Effect.fail(ApiError.notFound("key"))
@@ -414,6 +422,7 @@ export const make: Effect.Effect<AccountsService, NatsError, Nats | Storage> = E
           return revoked
         }),
       )
+      return { key, hash }
     })
 
   return {

@@ -33,8 +33,15 @@ layer(layerAll())("KvCache", (it) => {
       yield* writer.delete(key)
       yield* Fiber.join(waiting)
       expect(Option.isNone(yield* cache.get(key))).toBe(true)
+      // A write it does not accept leaves it waiting; the one it accepts ends it.
+      const nine = yield* Effect.fork(cache.settled(key, (v) => v?.n === 9, 60_000))
+      yield* writer.put(key, { n: 5 })
+      yield* cache.settled(key, (v) => v?.n === 5, 60_000)
+      expect(yield* Fiber.poll(nine)).toEqual(Option.none())
+      yield* writer.put(key, { n: 9 })
+      yield* Fiber.join(nine)
       // Nothing comes: it ends after its time.
-      yield* cache.settled(key, (v) => v?.n === 9, 30)
+      yield* cache.settled(key, (v) => v?.n === 10, 30)
     }),
   )
 

@@ -3,8 +3,8 @@
  * `POST`; only its SHA-256 is stored. Revoking is idempotent and reaches every gateway at once
  * through the key cache's watch.
  */
-import { Effect, Option, Schema } from "effect"
-import { Accounts, keysOf } from "../../core/Accounts.ts"
+import { Effect, Schema } from "effect"
+import { Accounts } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
 import { CreateKeyRequest, type Key } from "../../schema/Account.ts"
 import { timestamp } from "../../schema/Common.ts"
@@ -14,7 +14,6 @@ import { KeyCache } from "../auth/KeyCache.ts"
 import { hashToken, newToken } from "../auth/KeyTokens.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
-import { orInternal } from "../uploads/Create.ts"
 
 /** Request bodies of these routes are small; 16 KiB is far above any sensible one. */
 export const keyBodyLimit = 16 * 1024
@@ -68,15 +67,11 @@ export const routes = [
       Effect.gen(function* () {
         if (!isKeyId(params.id)) return yield* Effect.fail(ApiError.notFound("key"))
         const accounts = yield* Accounts
-        yield* accounts.revokeKey(principal.account.id, params.id, principal.user)
+        const { hash } = yield* accounts.revokeKey(principal.account.id, params.id, principal.user)
         // Answered once this gateway's key cache has it. The other gateways' watches get the
         // change from the server at the same moment, so the caller's next request, wherever it
         // lands, finds the key revoked (unless that gateway's process is far behind on its events).
-        const index = yield* orInternal(
-          accounts.views.keyIndex.get(keysOf.keyId(principal.account.id, params.id)),
-          "key index read",
-        )
-        if (Option.isSome(index)) yield* (yield* KeyCache).revoked(index.value.value.hash, REVOKE_SETTLE_MS)
+        yield* (yield* KeyCache).revoked(hash, REVOKE_SETTLE_MS)
         return json({ revoked: params.id })
       }),
   }),

@@ -170,8 +170,11 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     )
     const tracked = new Map<string, Tracked>()
     // Revisions of the records this machine wrote: the watch brings them back, and they are passed
-    // over undecoded (each command's end would otherwise be read back once).
+    // over undecoded (each command's end would otherwise be read back once). The watch goes in
+    // revision order, so a write it already passed (its delivery beat the acknowledgement) is not
+    // kept.
     const ownWrites = new Set<number>()
+    let watched = 0
     const runFork = Runtime.runFork(yield* Effect.runtime<never>())
     // The machine is going away: no `running` is written any more.
     let closing = false
@@ -226,7 +229,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           if (Option.isSome(written)) {
             t.revision = written.value
             t.record = next
-            ownWrites.add(written.value)
+            if (written.value > watched) ownWrites.add(written.value)
             return true
           }
           const current = yield* commands.get(keyOf(next))
@@ -609,7 +612,12 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         yield* commands
           .watchEach(
             kvKeys.commandsOf(runId),
-            { skip: (_key, revision) => ownWrites.delete(revision) },
+            {
+              skip: (_key, revision) => {
+                watched = revision
+                return ownWrites.delete(revision)
+              },
+            },
             (change) =>
               change._tag === "Put"
                 ? feedLock.withPermits(1)(take(change.value, change.revision))
