@@ -28,6 +28,8 @@ export interface Delivery {
   readonly seq: number
   /** 1 on first delivery, then counting redeliveries. */
   readonly deliveries: number
+  /** When the stream stored the message (epoch ms, the server's clock): the same on every redelivery. */
+  readonly storedAt: number
   readonly data: Uint8Array
   readonly header: (name: string) => string | undefined
   readonly ack: () => void
@@ -95,6 +97,7 @@ const toDelivery = (m: JsMsg): Delivery => ({
   subject: m.subject,
   seq: m.seq,
   deliveries: m.info.deliveryCount,
+  storedAt: m.time.getTime(),
   data: m.data,
   header: (name) => m.headers?.get(name) || undefined,
   ack: () => m.ack(),

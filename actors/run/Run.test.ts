@@ -643,6 +643,50 @@ describe("run actor: billing", () => {
     }),
   )
 
+  it.live("a minute timer handled late charges the minutes started when it fired, not when handled", () =>
+    Effect.gen(function* () {
+      const prefix = uniquePrefix()
+      const program = Effect.gen(function* () {
+        const run = { minuteMs: 2_000 }
+        const first = yield* startRunWorker(server.url, prefix, { run })
+        const { account, create } = yield* startRun()
+        const startedAt = Date.now()
+        yield* send(create.id, { _tag: "Started", host: "h-late", at: timestamp(startedAt) })
+        yield* eventually(
+          Effect.map(actorState(create.id), (s) =>
+            s.charged_through === 1 ? Option.some(s) : Option.none(),
+          ),
+          "30 seconds",
+          "minute 1 to be charged",
+        )
+        // No worker while minute 2's timer fires into the mailbox (2.1 s in) and the host's end
+        // (3 s in) lands behind it; a worker gets to both only in minute 3.
+        yield* first.stop
+        const sleepUntil = (at: number) => Effect.sleep(Math.max(0, at - Date.now()))
+        yield* sleepUntil(startedAt + 3_000)
+        const endAt = Date.now()
+        yield* send(create.id, { _tag: "Succeed", output, at: timestamp(endAt) })
+        yield* sleepUntil(startedAt + 4_500)
+        const second = yield* startRunWorker(server.url, prefix, { run })
+        const done = yield* ended(account, create.id)
+        expect(done.ended_at).toBe(timestamp(endAt))
+        const minutes = Math.ceil((endAt - startedAt) / 2_000)
+        expect(minutes).toBe(2)
+        expect((yield* actorState(create.id)).charged_through).toBe(minutes)
+        const entries = yield* eventually(
+          Effect.map(computeEntries(account), (es) => (es.length >= 2 ? Option.some(es) : Option.none())),
+        )
+        expect(entries.map((e) => [e.from_minute, e.through_minute])).toEqual([
+          [1, 1],
+          [2, 2],
+        ])
+        expect(yield* Ledger.sum(account)).toBe(1_000_000_000 - 2 * price)
+        yield* second.stop
+      })
+      return yield* program.pipe(Effect.scoped, Effect.provide(clientLayer(server.url, prefix, fast)))
+    }),
+  )
+
   it.live("an overdraft more than $10 under the minimum stops a running run with credit", () =>
     withWorker({ run: { minuteMs: 500 } }, () =>
       Effect.gen(function* () {

@@ -21,10 +21,14 @@
  *   a race and are never overwritten.
  *
  * Billing. Minute `k` (from 1) of a run starts at `started_at + (k − 1) × minuteMs`. `Started`
- * charges minute 1 at once; the `bill` timer fires at the start of each next minute and charges
- * every minute started since the last charge in one `Charge`; the end charges what is left, so a
- * run pays `max(1, ceil((ended_at − started_at) / minuteMs))` minutes (a minute the timer already
- * charged stays charged). Each `Charge` carries the ledger id `derivedId("led", "<run>:<from>-<through>")`
+ * charges minute 1 at once; the `bill` timer fires a grace (a 20th of a minute, at most a second)
+ * after the start of each next minute and charges every minute started a grace before it fired
+ * (`ctx.sentAt`, the mailbox's clock, not when a worker got to it: a worker down for a while must
+ * not charge the minutes it was down for a run whose end waits behind the timer) in one `Charge`;
+ * the end charges what is left, so a run pays `max(1, ceil((ended_at − started_at) / minuteMs))`
+ * minutes. A minute the timer charged stays charged; the grace keeps that from happening to a run
+ * whose host reported its end just before the minute began but whose message reached the mailbox
+ * just after the timer. Each `Charge` carries the ledger id `derivedId("led", "<run>:<from>-<through>")`
  * and the runtime's deterministic message id: a redelivered or re-run message charges the same
  * range under the same id, which the account applies once, so a run's compute entries always add
  * up to its charged minutes. Timeouts end at their deadline (a `timeout_minutes` run pays exactly
@@ -140,6 +144,10 @@ export const queuedRun = (m: Create, seq: number): StoredRun => ({
 /** The run actor with its dependencies. */
 export const make = (deps: RunDeps) => {
   const { minuteMs, queueTimeoutMs } = deps.settings
+  /** How long after a minute starts its `bill` timer fires, and how far back it counts minutes. */
+  const billGraceMs = Math.min(1_000, Math.floor(minuteMs / 20))
+  /** When the `bill` timer for minute `charged + 1` fires. */
+  const billAt = (startedMs: number, charged: number) => startedMs + charged * minuteMs + billGraceMs
   const names = deps.storage.names
   const provide = <A, E>(effect: Effect.Effect<A, E, Nats | Storage>): Effect.Effect<A, E> =>
     effect.pipe(Effect.provideService(Nats, deps.nats), Effect.provideService(Storage, deps.storage))
@@ -539,7 +547,7 @@ export const make = (deps: RunDeps) => {
           }
           ctx.cancel(timers.queue)
           ctx.schedule(timers.timeout, startedMs + run.timeout_minutes * minuteMs, { _tag: "Timeout" })
-          ctx.schedule(timers.bill, startedMs + minuteMs, { _tag: "Bill" })
+          ctx.schedule(timers.bill, billAt(startedMs, 1), { _tag: "Bill" })
           yield* project(running)
           yield* Effect.logInfo("run started").pipe(Effect.annotateLogs({ run: run.id, host: m.host }))
           return {
@@ -613,9 +621,10 @@ export const make = (deps: RunDeps) => {
           if (run === undefined || run.state !== "running" || run.started_at === undefined)
             return { state: s }
           const startedMs = Date.parse(run.started_at)
-          // Minutes started by now, never past the timeout (the run ends at its deadline).
+          // Minutes started a grace before the timer fired, never past the timeout (the run ends at
+          // its deadline).
           const startedMinutes = Math.min(
-            Math.floor(Math.max(0, ctx.now - startedMs) / minuteMs) + 1,
+            Math.floor(Math.max(0, ctx.sentAt - billGraceMs - startedMs) / minuteMs) + 1,
             run.timeout_minutes,
           )
           const sends: Array<Actor.Outgoing> = []
@@ -626,7 +635,7 @@ export const make = (deps: RunDeps) => {
             )
             next = { ...s, charged_through: startedMinutes }
           }
-          ctx.schedule(timers.bill, startedMs + next.charged_through * minuteMs, { _tag: "Bill" })
+          ctx.schedule(timers.bill, billAt(startedMs, next.charged_through), { _tag: "Bill" })
           if (yield* overdrawn(run.account))
             return yield* end(
               next,

@@ -18,6 +18,11 @@ export interface ActorContext<M> {
   readonly id: string
   /** The current time (epoch ms) read from `Clock` when handling began, so `TestClock` drives it. */
   readonly now: number
+  /**
+   * When the message entered the mailbox (epoch ms, the NATS server's clock; the same on every
+   * redelivery): for a timer, when it fired, however late a worker handles it.
+   */
+  readonly sentAt: number
   /** Stream sequence of the message being handled (unique, stable across redeliveries). */
   readonly seq: number
   /**

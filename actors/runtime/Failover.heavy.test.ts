@@ -139,6 +139,7 @@ describe("partitions", () => {
           subject: names.subjects.mailbox("recorder", 0, "x"),
           seq: 1_000_000,
           deliveries: 1,
+          storedAt: Date.now(),
           data: new TextEncoder().encode(JSON.stringify({ _tag: "Add", sender: "stale", n: 3 })),
           header: () => undefined,
           ack: () => acks.push("ack"),

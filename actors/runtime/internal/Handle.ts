@@ -292,6 +292,7 @@ const applyOne = (
     type: actor.name,
     id,
     now,
+    sentAt: d.storedAt,
     seq: d.seq,
     schedule: (name, at, message) => {
       timerOps.set(name, { at: typeof at === "number" ? at : at.getTime(), message })
