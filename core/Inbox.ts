@@ -3,7 +3,7 @@
  * own subscriber (an actor answering a question that travelled through its JetStream mailbox).
  */
 import { Duration, Effect } from "effect"
-import { attempt, Nats, type NatsError } from "./Nats.ts"
+import { attemptSync, Nats, type NatsError } from "./Nats.ts"
 import { ReplyTimeout } from "./Requests.ts"
 
 export { ReplyTimeout }
@@ -30,7 +30,5 @@ export const request = <E, R>(
 
 /** Sends `data` to a reply inbox (core NATS, fire-and-forget: a requester that gave up just misses it). */
 export const reply = (inbox: string, data: Uint8Array | string): Effect.Effect<void, NatsError, Nats> =>
-  Effect.gen(function* () {
-    const { connection } = yield* Nats
-    yield* attempt("reply", async () => connection.publish(inbox, data))
-  })
+  // Synchronous: whatever the caller publishes next (an actor's ack) leaves in the same write.
+  Effect.flatMap(Nats, ({ connection }) => attemptSync("reply", () => connection.publish(inbox, data)))

@@ -52,13 +52,19 @@ export class NatsError extends Data.TaggedError("NatsError")<{
   readonly cause?: unknown
 }> {}
 
+const natsError = (operation: string) => (cause: unknown) =>
+  new NatsError({ operation, message: cause instanceof Error ? cause.message : String(cause), cause })
+
 /** Runs one client promise, mapping a rejection to `NatsError`. For the `core/` wrappers. */
 export const attempt = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError> =>
-  Effect.tryPromise({
-    try: f,
-    catch: (cause) =>
-      new NatsError({ operation, message: cause instanceof Error ? cause.message : String(cause), cause }),
-  })
+  Effect.tryPromise({ try: f, catch: natsError(operation) })
+
+/**
+ * Runs one synchronous client call (a core publish), mapping a throw to `NatsError`. No async
+ * boundary: publishes made in one go leave in one socket write.
+ */
+export const attemptSync = <A>(operation: string, f: () => A): Effect.Effect<A, NatsError> =>
+  Effect.try({ try: f, catch: natsError(operation) })
 
 /** The raw clients; only `core/` wrappers use them. */
 export interface NatsClients {

@@ -424,7 +424,9 @@ export const make = (deps: RunDeps) => {
           const indexKey = kvKeys.commandIndex(run.id, m.id)
           // The id's sequence: claimed now (the usual case, one write), or found where an earlier
           // add of the same id claimed it. Claimed before the record is written, so a re-run of
-          // this message (its state write lost) finds its own sequence.
+          // this message (its state write lost) finds its own sequence. (Claim and record as one
+          // atomic batch would be one round trip, but nats-server 2.15 commits a two-message batch
+          // in 2.6–3.2 ms against 0.5–0.6 ms for the two creates, measured on loopback.)
           const claim = ended
             ? Effect.map(
                 index.get(indexKey),

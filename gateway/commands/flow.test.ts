@@ -115,6 +115,16 @@ describe("commands on a running machine", () => {
     expect(first.output + second.output).toBe("€€€\n".repeat(60_000))
   })
 
+  it("a bash command that prints nothing answers empty output, done once it ended", async () => {
+    const sent = await send("bash", { command: "true" })
+    const pages = await readAll(sent.id)
+    expect(pages.at(-1)).toEqual({ output: "", next: 0, output_bytes: 0, stored_bytes: 0, done: true })
+    expect(await waitCommand(stack, a, run, sent.id)).toMatchObject({
+      state: "succeeded",
+      result: { exit_code: 0, output: "", output_bytes: 0 },
+    })
+  })
+
   it("a command other than bash answers empty output, done once it ended", async () => {
     const sent = await send("write", { file_path: "notes/a.txt", content: "hello" })
     const record = await waitCommand(stack, a, run, sent.id)

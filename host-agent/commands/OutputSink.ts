@@ -5,10 +5,11 @@
  * character) and counts the rest. Small writes are gathered into chunks of about 64 KiB, or
  * whatever came in the last 50 ms, so a command printing a byte at a time does not become a
  * message per byte. Every chunk carries its byte offset, and its `Nats-Msg-Id` is
- * `<cmd>:<offset>`, so a retried publish is stored once. When the command ends a marker message
- * (`Hangar-Done: 1`, no payload) records the totals; the command's end waits for its chunks, not
- * for the marker (readers take a command whose record has ended and whose stored bytes were all
- * read as done, and its byte count from the record).
+ * `<cmd>:<offset>`, so a retried publish is stored once. When a command that wrote anything ends, a
+ * marker message (`Hangar-Done: 1`, no payload) records the totals; a command that wrote nothing
+ * (most of them) stores no message at all. The command's end waits for its chunks, not for the
+ * marker: readers take a command whose record has ended and whose stored bytes were all read as
+ * done, and its byte count from the record (the gateway's output route).
  *
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
@@ -42,12 +43,12 @@ export interface OutputSink {
   /** Takes output bytes as they come (synchronous, for stream callbacks); bytes past 4 MiB are only counted. */
   readonly write: (chunk: Uint8Array) => void
   /**
-   * Publishes what is pending and waits until every chunk is stored; the done marker follows
-   * without being waited for (`marked`), so the command's end is not held up by it. Call when
-   * the command ended; calling again answers the same.
+   * Publishes what is pending and waits until every chunk is stored; the done marker (none when
+   * nothing was written) follows without being waited for (`marked`), so the command's end is not
+   * held up by it. Call when the command ended; calling again answers the same.
    */
   readonly finish: Effect.Effect<OutputTotals, NatsError>
-  /** Completes once the done marker is stored (after `finish`). */
+  /** Completes once the done marker is stored, or at `finish` when there is none. */
   readonly marked: Effect.Effect<void, NatsError>
   /** The totals so far. */
   readonly totals: () => OutputTotals
@@ -102,8 +103,8 @@ type Piece =
 /**
  * A sink for command `cmd` of run `run`. Chunks are published in order by one fiber, started by
  * the first chunk (most commands print little or nothing: one with no output forks nothing and
- * only publishes its marker); closing the scope before `finish` drops what was not yet published
- * (no done marker).
+ * publishes nothing); closing the scope before `finish` drops what was not yet published (no done
+ * marker).
  */
 export const make = (
   run: string,
@@ -204,9 +205,11 @@ export const make = (
         flush()
         const done = totals()
         if (publisher === undefined) {
-          // Nothing was ever published: every chunk is stored, and the marker needs no publisher.
+          // Nothing was ever published: every chunk is stored. Nothing written, nothing to mark;
+          // bytes written past what is kept still get a marker with their count.
           Deferred.unsafeDone(ended, Exit.succeed(done))
-          publisher = Runtime.runFork(runtime)(publishMarker(done).pipe(Effect.ignore))
+          if (done.output_bytes === 0) Deferred.unsafeDone(marked, Exit.void)
+          else publisher = Runtime.runFork(runtime)(publishMarker(done).pipe(Effect.ignore))
         } else queue.unsafeOffer({ _tag: "done", totals: done })
       }
       return Deferred.await(ended)
