@@ -7,7 +7,7 @@ import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import { handle } from "./internal/Handle.ts"
 import * as Mailbox from "./Mailbox.ts"
-import { type ActorRecord, recordSchema } from "./Record.ts"
+import { type ActorRecord, encodedStateRecordSchema, recordSchema } from "./Record.ts"
 import { ActorSettings } from "./Settings.ts"
 import * as State from "./State.ts"
 import { eventually, fast, startWorker, withClient as withClientOn } from "./testing/Harness.ts"
@@ -123,6 +123,9 @@ describe("partitions", () => {
           partition: 0,
           label: "recorder.paused",
           kv,
+          encodedKv: (yield* Kv.make(names.kv.actors.name, encodedStateRecordSchema)) as Kv.Kv<
+            ActorRecord<unknown>
+          >,
           names,
           settings,
           cache: new Map([[kvKeys.actor("recorder", "x"), { record: read.value, revision: read.revision }]]),

@@ -71,6 +71,20 @@ export const recordSchema = <A extends AnyActor>(
 }
 const recordSchemas = new WeakMap<AnyActor, Schema.Schema<ActorRecord<unknown>, unknown>>()
 
+/**
+ * The record as it is written when its state is already in its encoded form (the handle step
+ * encodes each new state once, to check it; the write takes that encoding instead of encoding the
+ * state a second time). Read records with `recordSchema`.
+ */
+export const encodedStateRecordSchema: Schema.Schema<ActorRecord<unknown>, unknown> = Schema.Struct({
+  state: Schema.Unknown,
+  seq: Schema.Number,
+  outbox: Schema.Array(OutboxEntry),
+  timers: Schema.Record({ key: Schema.String, value: Schema.String }),
+  failure: Schema.optional(Failure),
+  failures: Schema.Number,
+}) as unknown as Schema.Schema<ActorRecord<unknown>, unknown>
+
 /** The record of an actor that has never handled a message. */
 export const initialRecord = <S>(state: S): ActorRecord<S> => ({
   state,

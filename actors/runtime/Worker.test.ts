@@ -1,6 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Option } from "effect"
+import { Effect, Option, Schema } from "effect"
+import * as Kv from "../../core/Kv.ts"
+import { Storage } from "../../core/Storage.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
+import * as Actor from "./Actor.ts"
 import * as Mailbox from "./Mailbox.ts"
 import { partitionOf } from "./Partition.ts"
 import * as State from "./State.ts"
@@ -14,7 +18,32 @@ beforeAll(async () => {
 })
 afterAll(() => server?.stop())
 
-const actors = [Recorder, Sink]
+/** An actor whose stored state differs from its type: a count kept as a string, dates as ISO text. */
+const Stamped = Actor.make({
+  name: "stamped",
+  state: Schema.Struct({
+    count: Schema.NumberFromString.pipe(Schema.nonNegative()),
+    seen: Schema.Array(Schema.DateFromString),
+  }),
+  initial: { count: 0, seen: [] },
+  message: Schema.Union(
+    Schema.TaggedStruct("Stamp", { at: Schema.Number }),
+    // Answers a state that does not encode (a negative count).
+    Schema.TaggedStruct("Break", {}),
+  ),
+  reply: Schema.Number,
+  handler: (state, message) =>
+    Effect.succeed(
+      message._tag === "Stamp"
+        ? {
+            state: { count: state.count + 1, seen: [...state.seen, new Date(message.at)] },
+            reply: state.count + 1,
+          }
+        : { state: { ...state, count: -1 }, reply: -1 },
+    ),
+})
+
+const actors = [Recorder, Sink, Stamped]
 
 const withClient = <A, E>(body: Parameters<typeof withClientOn<A, E>>[1]) => withClientOn(server.url, body)
 
@@ -189,6 +218,49 @@ describe("actor worker", () => {
           const sink = yield* logOf(Sink, "grp-out", count + 1)
           expect(sink.state.log).toEqual([...expected.map((n) => `grp:${n}`), "end:0"])
           yield* next.stop
+        }),
+      ),
+  )
+
+  it.live(
+    "the state is stored in its encoded form and read back decoded; one that does not encode fails its message and leaves the state as it was",
+    () =>
+      withClient((prefix) =>
+        Effect.gen(function* () {
+          const w = yield* startWorker(server.url, prefix, actors, fast)
+          const ask = (message: typeof Stamped.message.Type) =>
+            Mailbox.ask(Stamped, "s1", message, { timeout: "10 seconds" })
+          expect(yield* ask({ _tag: "Stamp", at: Date.UTC(2026, 0, 1) })).toBe(1)
+          // Several at once: applied as one group or more, each answered.
+          const counts = yield* Effect.forEach(
+            [2, 3, 4],
+            (day) => ask({ _tag: "Stamp", at: Date.UTC(2026, 0, day) }),
+            { concurrency: "unbounded" },
+          )
+          expect([...counts].sort()).toEqual([2, 3, 4])
+          const broken = yield* ask({ _tag: "Break" }).pipe(Effect.flip)
+          expect(broken).toMatchObject({ _tag: "AskFailed", tag: "ParseError" })
+          expect(yield* ask({ _tag: "Stamp", at: Date.UTC(2026, 0, 5) })).toBe(5)
+
+          // The bytes in the bucket: the state's encoding (what its schema encodes to).
+          const { names } = yield* Storage
+          const raw = yield* Kv.make(names.kv.actors.name, Schema.Unknown)
+          const stored = Option.getOrThrow(yield* raw.get(kvKeys.actor("stamped", "s1"))).value as {
+            state: { count: unknown; seen: Array<unknown> }
+          }
+          expect(stored.state.count).toBe("5")
+          expect(stored.state.seen).toHaveLength(5)
+          expect(stored.state.seen[0]).toBe("2026-01-01T00:00:00.000Z")
+          // Read back as the type.
+          const read = Option.getOrThrow(yield* State.read(Stamped, "s1"))
+          expect(read.state.count).toBe(5)
+          expect(read.state.seen.map((d) => d.toISOString().slice(0, 10))).toEqual([
+            "2026-01-01",
+            ...[...counts].sort().map((c) => `2026-01-0${c}`),
+            "2026-01-05",
+          ])
+          expect(read.failures).toBe(1)
+          yield* w.stop
         }),
       ),
   )

@@ -38,7 +38,7 @@ import {
   type StaleOwner,
 } from "./internal/Handle.ts"
 import * as Leases from "./Leases.ts"
-import { type ActorRecord, recordSchema } from "./Record.ts"
+import { type ActorRecord, encodedStateRecordSchema, recordSchema } from "./Record.ts"
 import { ActorSettings } from "./Settings.ts"
 
 export type { CrashPoint } from "./internal/Handle.ts"
@@ -92,6 +92,9 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
         (yield* Kv.make(names.kv.actors.name, recordSchema(actor))) as Kv.Kv<ActorRecord<unknown>>,
       )
     }
+    const encodedKv = (yield* Kv.make(names.kv.actors.name, encodedStateRecordSchema)) as Kv.Kv<
+      ActorRecord<unknown>
+    >
     const owned = new Map<string, Owned>()
     const crashed = yield* Deferred.make<void>()
     let dead = false
@@ -123,6 +126,7 @@ export const make = (actors: ReadonlyArray<AnyActor>) =>
           partition,
           label,
           kv: stores.get(actor.name)!,
+          encodedKv,
           names,
           settings,
           cache: new Map(),

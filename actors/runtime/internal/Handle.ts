@@ -49,6 +49,8 @@ export interface PartitionRuntime {
   readonly partition: number
   readonly label: string
   readonly kv: Kv<ActorRecord<unknown>>
+  /** The same bucket, for records whose state is already encoded (`encodedStateRecordSchema`). */
+  readonly encodedKv: Kv<ActorRecord<unknown>>
   readonly names: StorageNames
   readonly settings: ActorSettingsShape
   /** Records read or written while owning the partition (we are the only writer). */
@@ -87,6 +89,8 @@ type Step =
       readonly _tag: "Applied"
       /** The record after this message (its state, timers and failure; `seq`/`outbox` are the group's). */
       readonly record: ActorRecord<unknown>
+      /** The encoding of `record.state` when this message set a new one (outcome `applied`). */
+      readonly encodedState?: unknown
       readonly outbox: ReadonlyArray<OutboxEntry>
       readonly messageTag: string
       readonly outcome: "applied" | "failed" | "stale-timer"
@@ -190,6 +194,8 @@ const handleGroup = (
     const outbox: Array<OutboxEntry> = []
     let outboxBytes = 0
     let current = record
+    // The encoding of `current.state`, once a message of the group has set (and so encoded) it.
+    let encodedState: { readonly value: unknown } | undefined
     let retry: { readonly error: unknown; readonly messageTag: string } | undefined
     let next = from
     while (next < deliveries.length && outboxBytes < GROUP_OUTBOX_BYTES) {
@@ -204,6 +210,7 @@ const handleGroup = (
       }
       steps.push({ d, step })
       current = step.record
+      if ("encodedState" in step) encodedState = { value: step.encodedState }
       for (const entry of step.outbox) {
         outbox.push(entry)
         outboxBytes += "body" in entry ? entry.body.length : 0
@@ -218,7 +225,11 @@ const handleGroup = (
         if ((yield* Clock.currentTimeMillis) >= rt.leaseDeadline())
           return yield* new LeaseExpired({ partition: rt.label })
         const stored: ActorRecord<unknown> = { ...current, seq: last.seq, outbox }
-        const written = yield* rt.kv.update(key, stored, revision).pipe(
+        const written = yield* (
+          encodedState === undefined
+            ? rt.kv.update(key, stored, revision)
+            : rt.encodedKv.update(key, { ...stored, state: encodedState.value }, revision)
+        ).pipe(
           Effect.catchTag("StateConflict", () => {
             rt.cache.delete(key)
             return Effect.fail(new StaleOwner({ key }))
@@ -364,13 +375,15 @@ const applyOne = (
       const value = yield* codecs.encodeReply(result.reply ?? null)
       outbox.push({ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Ok", value }) })
     }
-    // The state must encode before it is stored; a handler returning an invalid one fails terminally.
-    yield* codecs.encodeState(result.state)
+    // The state must encode before it is stored; a handler returning an invalid one fails
+    // terminally. The write stores this encoding.
+    const encodedState = yield* codecs.encodeState(result.state)
     return {
       _tag: "Applied",
       messageTag: message._tag,
       outcome: "applied",
       outbox,
+      encodedState,
       record: { ...record, state: result.state, timers },
     } satisfies Step
   }).pipe(
