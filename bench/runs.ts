@@ -6,15 +6,17 @@
  * the start, while the run is queued, and its end is awaited with `GET …/commands/{cid}?wait=25`),
  * p50/p95 over `runs` runs one after another; then the command round trip (`POST` a `bash true` on
  * a running run and await its end) p50/p99; beside the bare driver's exec round trip (`bash true`
- * over an open guest session on a machine made directly with the driver), measured in the same run.
+ * over an open guest session on a machine made directly with the driver), measured in blocks
+ * between the blocks of commands, so both come from the same minutes (this machine's speed drifts
+ * by up to 1.7× over a run).
  * Goals on this machine: start → first result p50 < 1.5 s; command round trip p50 < 15 ms and
  * under 3× the bare exec. Prints figures; asserts nothing.
  *
- *   node --import tsx bench/runs.ts [runs=50] [commands=200]
+ *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8]
  */
 import { fork } from "node:child_process"
 import { join } from "node:path"
-import { Effect } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import { root } from "../deploy/tools.mjs"
 import { ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
@@ -25,6 +27,8 @@ import { createAccount, publish, type Stack, startStack, type TestAccount } from
 
 const runs = Number(process.argv[2] ?? 50)
 const commands = Number(process.argv[3] ?? 200)
+/** Blocks of commands, with a block of bare execs measured after each. */
+const blocks = Math.max(1, Math.min(commands, Number(process.argv[4] ?? 8)))
 
 const pct = (xs: Array<number>, p: number) => {
   const s = [...xs].sort((a, b) => a - b)
@@ -32,64 +36,108 @@ const pct = (xs: Array<number>, p: number) => {
 }
 const ms = (n: number) => `${n.toFixed(2)} ms`
 
-/** The caller's figures, and the server's CPU per command over the round-trip phase. */
-const client = (stack: Stack, who: TestAccount, fn: string) =>
-  new Promise<{ first: Array<number>; rtt: Array<number>; cpuMs: number | undefined }>((resolve, reject) => {
+/** A guest session on a machine made directly with the driver: the bare exec baseline. */
+interface Bare {
+  /** `n` round trips of `bash true` over the open session, one after another. */
+  readonly block: (n: number) => Promise<Array<number>>
+  /** As `block`, each after 20 ms idle (as a caller or an agent sends them). */
+  readonly paced: (n: number) => Promise<Array<number>>
+  readonly close: () => Promise<void>
+}
+
+const bareMachine = async (): Promise<Bare> => {
+  const scope = Effect.runSync(Scope.make())
+  const guest = await Effect.runPromise(
+    Effect.gen(function* () {
+      const base = yield* Effect.promise(() => ensureTestBase())
+      const keys = newKeys()
+      const machine = yield* scopedOn(make(NamespaceDriverSettings.defaults), {
+        id: testId("benchruns"),
+        size: "s",
+        base: base.rootfs,
+        authorizedKey: keys.client.public,
+        hostKey: keys.host.private,
+      })
+      const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+      yield* guest.bash({ command: "true" })
+      return guest
+    }).pipe(Scope.extend(scope)),
+  )
+  const times = (n: number, pause: boolean) =>
+    Effect.runPromise(
+      Effect.gen(function* () {
+        const rtt: Array<number> = []
+        for (let j = 0; j < n; j++) {
+          if (pause) yield* Effect.sleep("20 millis")
+          const t = performance.now()
+          yield* guest.bash({ command: "true" })
+          rtt.push(performance.now() - t)
+        }
+        return rtt
+      }),
+    )
+  return {
+    block: (n) => times(n, false),
+    paced: (n) => times(n, true),
+    close: () => Effect.runPromise(Scope.close(scope, Exit.void)),
+  }
+}
+
+interface Figures {
+  readonly first: Array<number>
+  readonly rtt: Array<number>
+  /** The bare exec round trips, measured between the blocks of `rtt`. */
+  readonly bare: Array<number>
+  /** The server's CPU per command when its roles run in this process. */
+  readonly cpuMs: number | undefined
+}
+
+/**
+ * The caller's figures, with the bare exec measured in blocks between its blocks of commands (the
+ * machine's speed drifts over minutes; the ratio compares figures taken in the same minutes).
+ */
+const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
+  new Promise<Figures>((resolve, reject) => {
     const child = fork(
       join(root, "bench", "runs-client.ts"),
-      [stack.url, JSON.stringify(who.admin), fn, String(runs), String(commands)],
+      [stack.url, JSON.stringify(who.admin), fn, String(runs), String(commands), String(blocks)],
       { execArgv: ["--import", "tsx"], cwd: root, stdio: ["ignore", "inherit", "inherit", "ipc"] },
     )
+    const bareRtt: Array<number> = []
+    // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
-    // This process's CPU is the server's only when the roles run here.
-    let cpuMs: number | undefined
+    let cpuUs = 0
     child.on("message", (raw) => {
-      const m = raw as { started?: string; commands?: string; first?: Array<number>; rtt?: Array<number> }
+      const m = raw as { started?: string; block?: string; first?: Array<number>; rtt?: Array<number> }
       if (m.started !== undefined) stack.runs.add(m.started)
-      if (m.commands === "start") cpu0 = process.cpuUsage()
-      if (m.commands === "end") {
+      if (m.block === "start") cpu0 = process.cpuUsage()
+      if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
-        if (!stack.processes) cpuMs = (used.user + used.system) / 1000 / commands
+        cpuUs += used.user + used.system
+        bare.block(Math.ceil(commands / blocks)).then(
+          (xs) => {
+            bareRtt.push(...xs)
+            child.send("go")
+          },
+          (e) => {
+            child.kill()
+            reject(e)
+          },
+        )
       }
-      if (m.first !== undefined && m.rtt !== undefined) resolve({ first: m.first, rtt: m.rtt, cpuMs })
+      if (m.first !== undefined && m.rtt !== undefined)
+        resolve({
+          first: m.first,
+          rtt: m.rtt,
+          bare: bareRtt,
+          cpuMs: stack.processes ? undefined : cpuUs / 1000 / commands,
+        })
     })
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
   })
 
-const bareExec = Effect.scoped(
-  Effect.gen(function* () {
-    const base = yield* Effect.promise(() => ensureTestBase())
-    const keys = newKeys()
-    const machine = yield* scopedOn(make(NamespaceDriverSettings.defaults), {
-      id: testId("benchruns"),
-      size: "s",
-      base: base.rootfs,
-      authorizedKey: keys.client.public,
-      hostKey: keys.host.private,
-    })
-    const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
-    yield* guest.bash({ command: "true" })
-    const rtt: Array<number> = []
-    for (let j = 0; j < commands; j++) {
-      const t = performance.now()
-      yield* guest.bash({ command: "true" })
-      rtt.push(performance.now() - t)
-    }
-    // As a caller or an agent sends them: after a pause (a quiet machine is where moving a process
-    // into its cgroup used to cost 10–20 ms; the session now does that ahead of the command).
-    const paced: Array<number> = []
-    for (let j = 0; j < Math.min(commands, 50); j++) {
-      yield* Effect.sleep("20 millis")
-      const t = performance.now()
-      yield* guest.bash({ command: "true" })
-      paced.push(performance.now() - t)
-    }
-    return { rtt, paced }
-  }),
-)
-
 /** The caller's figures against a stack in one process (`npm start`) or with a process per role. */
-const measure = async (processes: boolean) => {
+const measure = async (processes: boolean, bare: Bare) => {
   // Production actor leases (the test stack's short ones renew a lease every 300 ms).
   const stack = await startStack({
     hostVcpus: 2,
@@ -101,7 +149,7 @@ const measure = async (processes: boolean) => {
   try {
     const who = await createAccount(stack, { creditUsd: 100 })
     const fn = await publish(stack, who, { timeout_minutes: 60 })
-    return await client(stack, who, String(fn.function))
+    return await client(stack, who, String(fn.function), bare)
   } finally {
     const left = await stack.close()
     if (left.length > 0) console.log(`left behind on the host (removed): ${left.join(", ")}`)
@@ -109,27 +157,34 @@ const measure = async (processes: boolean) => {
 }
 
 const main = async () => {
-  const topologies = [
-    ["one process (npm start)", await measure(false)],
-    ["a process per role", await measure(true)],
-  ] as const
-  const { rtt: bare, paced } = await Effect.runPromise(bareExec)
-  for (const [name, { first, rtt, cpuMs }] of topologies) {
-    console.log(`${name}:`)
+  const bare = await bareMachine()
+  try {
+    const topologies = [
+      ["one process (npm start)", await measure(false, bare)],
+      ["a process per role", await measure(true, bare)],
+    ] as const
+    const paced = await bare.paced(Math.min(commands, 50))
+    for (const [name, { first, rtt, bare: baseline, cpuMs }] of topologies) {
+      console.log(`${name}:`)
+      console.log(
+        `  POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
+      )
+      console.log(
+        `  command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms)${cpuMs === undefined ? "" : `; server CPU ${cpuMs.toFixed(2)} ms per command`}`,
+      )
+      console.log(
+        `  bare driver exec, bash true over an open session, between its blocks (${baseline.length}): p50 ${ms(pct(baseline, 50))}, p99 ${ms(pct(baseline, 99))}`,
+      )
+      console.log(
+        `  ratio command/bare exec p50: ${(pct(rtt, 50) / pct(baseline, 50)).toFixed(2)} (goal < 3)`,
+      )
+    }
     console.log(
-      `  POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
+      `bare driver exec after 20 ms idle (${paced.length}): p50 ${ms(pct(paced, 50))}, p99 ${ms(pct(paced, 99))}`,
     )
-    console.log(
-      `  command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms)${cpuMs === undefined ? "" : `; server CPU ${cpuMs.toFixed(2)} ms per command`}`,
-    )
-    console.log(`  ratio command/bare exec p50: ${(pct(rtt, 50) / pct(bare, 50)).toFixed(2)} (goal < 3)`)
+  } finally {
+    await bare.close()
   }
-  console.log(
-    `bare driver exec, bash true over an open session (${commands}): p50 ${ms(pct(bare, 50))}, p99 ${ms(pct(bare, 99))}`,
-  )
-  console.log(
-    `bare driver exec after 20 ms idle (${paced.length}): p50 ${ms(pct(paced, 50))}, p99 ${ms(pct(paced, 99))}`,
-  )
 }
 
 main().then(
