@@ -49,6 +49,17 @@ export interface ActorRecord<S> {
   readonly failures: number
 }
 
+/** The record with `state` as its field. */
+const recordOf = (state: Schema.Schema.Any): Schema.Schema<ActorRecord<unknown>, unknown> =>
+  Schema.Struct({
+    state,
+    seq: Schema.Number,
+    outbox: Schema.Array(OutboxEntry),
+    timers: Schema.Record({ key: Schema.String, value: Schema.String }),
+    failure: Schema.optional(Failure),
+    failures: Schema.Number,
+  }) as unknown as Schema.Schema<ActorRecord<unknown>, unknown>
+
 /** The record schema of an actor type. */
 export const recordSchema = <A extends AnyActor>(
   actor: A,
@@ -57,14 +68,7 @@ export const recordSchema = <A extends AnyActor>(
   // (State.read on a request path) would compile it again every time.
   let schema = recordSchemas.get(actor)
   if (schema === undefined) {
-    schema = Schema.Struct({
-      state: actor.state,
-      seq: Schema.Number,
-      outbox: Schema.Array(OutboxEntry),
-      timers: Schema.Record({ key: Schema.String, value: Schema.String }),
-      failure: Schema.optional(Failure),
-      failures: Schema.Number,
-    }) as unknown as Schema.Schema<ActorRecord<unknown>, unknown>
+    schema = recordOf(actor.state)
     recordSchemas.set(actor, schema)
   }
   return schema as Schema.Schema<ActorRecord<A["initial"]>, unknown>
@@ -76,14 +80,7 @@ const recordSchemas = new WeakMap<AnyActor, Schema.Schema<ActorRecord<unknown>, 
  * encodes each new state once, to check it; the write takes that encoding instead of encoding the
  * state a second time). Read records with `recordSchema`.
  */
-export const encodedStateRecordSchema: Schema.Schema<ActorRecord<unknown>, unknown> = Schema.Struct({
-  state: Schema.Unknown,
-  seq: Schema.Number,
-  outbox: Schema.Array(OutboxEntry),
-  timers: Schema.Record({ key: Schema.String, value: Schema.String }),
-  failure: Schema.optional(Failure),
-  failures: Schema.Number,
-}) as unknown as Schema.Schema<ActorRecord<unknown>, unknown>
+export const encodedStateRecordSchema: Schema.Schema<ActorRecord<unknown>, unknown> = recordOf(Schema.Unknown)
 
 /** The record of an actor that has never handled a message. */
 export const initialRecord = <S>(state: S): ActorRecord<S> => ({
