@@ -43,8 +43,13 @@ const api = (method: string, path: string, body?: unknown): Promise<Json> =>
         res.on("data", (c: Buffer) => chunks.push(c))
         res.on("end", () => {
           const text = Buffer.concat(chunks).toString("utf8")
-          if ((res.statusCode ?? 0) >= 300) reject(new Error(`${method} ${path}: ${res.statusCode} ${text}`))
-          else resolve(JSON.parse(text) as Json)
+          if ((res.statusCode ?? 0) >= 300)
+            return reject(new Error(`${method} ${path}: ${res.statusCode} ${text}`))
+          try {
+            resolve(JSON.parse(text) as Json)
+          } catch (e) {
+            reject(e)
+          }
         })
         res.on("error", reject)
       },

@@ -47,6 +47,7 @@ interface Bare {
 
 const bareMachine = async (): Promise<Bare> => {
   const scope = Effect.runSync(Scope.make())
+  const close = () => Effect.runPromise(Scope.close(scope, Exit.void))
   const guest = await Effect.runPromise(
     Effect.gen(function* () {
       const base = yield* Effect.promise(() => ensureTestBase())
@@ -62,7 +63,11 @@ const bareMachine = async (): Promise<Bare> => {
       yield* guest.bash({ command: "true" })
       return guest
     }).pipe(Scope.extend(scope)),
-  )
+  ).catch(async (e) => {
+    // A machine made before the failure goes too.
+    await close()
+    throw e
+  })
   const times = (n: number, pause: boolean) =>
     Effect.runPromise(
       Effect.gen(function* () {
@@ -79,7 +84,7 @@ const bareMachine = async (): Promise<Bare> => {
   return {
     block: (n) => times(n, false),
     paced: (n) => times(n, true),
-    close: () => Effect.runPromise(Scope.close(scope, Exit.void)),
+    close,
   }
 }
 
