@@ -1,4 +1,5 @@
-import { spawnSync } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
+import { existsSync } from "node:fs"
 import { mkdtemp, readdir, rm } from "node:fs/promises"
 import { connect } from "node:net"
 import { tmpdir } from "node:os"
@@ -116,6 +117,50 @@ describe("NatsProcess", () => {
         return !alive(pid)
       })
       expect(gone).toBe(true)
+    }),
+  )
+
+  it.scoped("a process killed outright takes its server and the folders it named with it", () =>
+    Effect.gen(function* () {
+      const storeDir = yield* tempDir
+      // A script that starts a server, prints its pid, and waits; it is then SIGKILLed, so no exit
+      // hook runs: the watchdog is what stops the server and removes the folders.
+      const child = spawn(
+        process.execPath,
+        [
+          "--import",
+          "tsx",
+          "--input-type=module",
+          "-e",
+          [
+            'import { Effect, Scope } from "effect"',
+            `import * as NatsProcess from ${JSON.stringify(join(import.meta.dirname, "NatsProcess.ts"))}`,
+            "const scope = Effect.runSync(Scope.make())",
+            `const server = await Effect.runPromise(Scope.extend(NatsProcess.start({ storeDir: ${JSON.stringify(storeDir)}, syncAlways: false, removeOnCrash: [${JSON.stringify(storeDir)}] }), scope))`,
+            "console.log(server.pid)",
+            "setInterval(() => undefined, 1000)",
+          ].join("\n"),
+        ],
+        { cwd: join(import.meta.dirname, ".."), stdio: ["ignore", "pipe", "inherit"] },
+      )
+      yield* Effect.addFinalizer(() => Effect.sync(() => child.kill("SIGKILL")))
+      const pid = yield* Effect.promise(
+        () =>
+          new Promise<number>((resolve, reject) => {
+            child.stdout.once("data", (d: Buffer) => resolve(Number(d.toString().trim())))
+            child.once("exit", (code) => reject(new Error(`the script exited with ${code}`)))
+          }),
+      )
+      expect(alive(pid)).toBe(true)
+      expect(existsSync(storeDir)).toBe(true)
+      child.kill("SIGKILL")
+      // SIGTERM from the watchdog: the server shuts down in well under its 5 s grace.
+      const cleaned = yield* Effect.promise(async () => {
+        for (let i = 0; i < 300 && (alive(pid) || existsSync(storeDir)); i++)
+          await new Promise((r) => setTimeout(r, 50))
+        return { alive: alive(pid), store: existsSync(storeDir) }
+      })
+      expect(cleaned).toEqual({ alive: false, store: false })
     }),
   )
 })

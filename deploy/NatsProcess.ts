@@ -5,13 +5,14 @@
  * Start writes a config file (JetStream on, the given store dir, `ports_file_dir` so the real port
  * is known when the port is -1), spawns the binary, and waits until the ports file names the client
  * URL and a TCP connection to it succeeds. Release sends SIGTERM, escalates to SIGKILL after a
- * timeout and waits for the exit, so no server outlives its scope. The tail of stderr (the server's
+ * timeout and waits for the exit, so no server outlives its scope, nor the process that started it
+ * (its exit hook, or the watchdog when it was killed outright). The tail of stderr (the server's
  * log) is kept for error messages.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { rmSync } from "node:fs"
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
-import { connect } from "node:net"
+import { connect, type Socket } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Scope } from "effect"
@@ -28,6 +29,27 @@ process.once("exit", () => {
     rmSync(runDir, { recursive: true, force: true })
   }
 })
+
+// A process that dies without running its exit hook (SIGKILL, an unhandled signal) leaves that to
+// its watchdog (`nats-watchdog.mjs`): one per process, started with the first server, in its own
+// process group (a terminal's Ctrl-C reaches the server directly, not the watchdog), and told of
+// each server started and stopped. It acts when its stdin ends, which is when this process is gone.
+let watchdog: ChildProcess | undefined
+const tellWatchdog = (fields: ReadonlyArray<string | number>) => {
+  if (watchdog === undefined) {
+    watchdog = spawn(process.execPath, [join(import.meta.dirname, "nats-watchdog.mjs")], {
+      stdio: ["pipe", "ignore", "ignore"],
+      detached: true,
+    })
+    // Neither the watchdog nor the pipe to it keeps this process alive.
+    watchdog.unref()
+    ;(watchdog.stdin as Socket | null)?.unref()
+    // A watchdog that could not start or has died only loses the crash clean-up.
+    watchdog.on("error", () => undefined)
+    watchdog.stdin?.on("error", () => undefined)
+  }
+  watchdog.stdin?.write(`${fields.join("\t")}\n`)
+}
 
 /** How to start one nats-server. */
 export interface NatsProcessOptions {
@@ -52,6 +74,11 @@ export interface NatsProcessOptions {
   readonly startTimeout?: Duration.DurationInput
   /** How long SIGTERM may take before SIGKILL; default 10 seconds. */
   readonly stopTimeout?: Duration.DurationInput
+  /**
+   * Folders to remove when this process dies without stopping the server (a test's temporary
+   * store). The config folder always goes; the store is kept otherwise.
+   */
+  readonly removeOnCrash?: ReadonlyArray<string>
 }
 
 /** A running nats-server. */
@@ -189,6 +216,11 @@ export const start = (
         try: () => {
           const spawned = spawn(binary, ["-c", configPath], { stdio: ["ignore", "ignore", "pipe"] })
           running.set(spawned, runDir)
+          if (spawned.pid !== undefined) {
+            const pid = spawned.pid
+            tellWatchdog(["+", pid, configPath, runDir, ...(options.removeOnCrash ?? [])])
+            spawned.once("exit", () => tellWatchdog(["-", pid]))
+          }
           return spawned
         },
         catch: (e) => fail(`cannot spawn ${binary}: ${String(e)}`),

@@ -29,7 +29,13 @@ export const scoped = (
       Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-nats-test-"))),
       (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
     )
-    return yield* NatsProcess.start({ syncAlways: false, ...options, storeDir, port: -1 })
+    return yield* NatsProcess.start({
+      syncAlways: false,
+      ...options,
+      storeDir,
+      port: -1,
+      removeOnCrash: [storeDir],
+    })
   })
 
 /** The server as a layer (dies if it cannot start: a test file without its server cannot run). */
