@@ -16,13 +16,9 @@
  */
 import { fork } from "node:child_process"
 import { join } from "node:path"
-import { Effect, Exit, Scope } from "effect"
+import { Effect } from "effect"
 import { root } from "../deploy/tools.mjs"
-import { ensureTestBase } from "../host-agent/bases/Bases.ts"
-import { connect } from "../host-agent/guest/GuestSession.ts"
-import { scopedOn } from "../host-agent/machines/MachineDriver.ts"
-import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
-import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
+import { testGuest } from "../host-agent/guest/testing.ts"
 import { createAccount, publish, type Stack, startStack, type TestAccount } from "../test/harness/Stack.ts"
 
 const runs = Number(process.argv[2] ?? 50)
@@ -46,28 +42,7 @@ interface Bare {
 }
 
 const bareMachine = async (): Promise<Bare> => {
-  const scope = Effect.runSync(Scope.make())
-  const close = () => Effect.runPromise(Scope.close(scope, Exit.void))
-  const guest = await Effect.runPromise(
-    Effect.gen(function* () {
-      const base = yield* Effect.promise(() => ensureTestBase())
-      const keys = newKeys()
-      const machine = yield* scopedOn(make(NamespaceDriverSettings.defaults), {
-        id: testId("benchruns"),
-        size: "s",
-        base: base.rootfs,
-        authorizedKey: keys.client.public,
-        hostKey: keys.host.private,
-      })
-      const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
-      yield* guest.bash({ command: "true" })
-      return guest
-    }).pipe(Scope.extend(scope)),
-  ).catch(async (e) => {
-    // A machine made before the failure goes too.
-    await close()
-    throw e
-  })
+  const { guest, close } = await testGuest("benchruns")
   const times = (n: number, pause: boolean) =>
     Effect.runPromise(
       Effect.gen(function* () {
@@ -81,10 +56,15 @@ const bareMachine = async (): Promise<Bare> => {
         return rtt
       }),
     )
+  // Warm: the session opens its first command wrapper.
+  await times(1, false)
   return {
     block: (n) => times(n, false),
     paced: (n) => times(n, true),
-    close,
+    close: async () => {
+      const left = await close()
+      if (left.length > 0) console.log(`the baseline machine left behind: ${left.join(", ")}`)
+    },
   }
 }
 

@@ -22,6 +22,25 @@ const alive = (pid: number) => {
   }
 }
 
+/**
+ * Node arguments for a script that starts a server with `options` (never closing its scope),
+ * prints the server's pid, then runs `then`.
+ */
+const serverScript = (options: NatsProcess.NatsProcessOptions, then: string) => [
+  "--import",
+  "tsx",
+  "--input-type=module",
+  "-e",
+  [
+    'import { Effect, Scope } from "effect"',
+    `import * as NatsProcess from ${JSON.stringify(join(import.meta.dirname, "NatsProcess.ts"))}`,
+    "const scope = Effect.runSync(Scope.make())",
+    `const server = await Effect.runPromise(Scope.extend(NatsProcess.start(${JSON.stringify({ syncAlways: false, ...options })}), scope))`,
+    "console.log(server.pid)",
+    then,
+  ].join("\n"),
+]
+
 describe("NatsProcess", () => {
   it.effect("starts on a free port, answers INFO, and is gone after release", () =>
     Effect.gen(function* () {
@@ -91,24 +110,10 @@ describe("NatsProcess", () => {
       const storeDir = yield* tempDir
       // A script that starts a server, prints its pid, and exits at once (as a script's
       // `process.exit` or a test worker at its timeout would), never closing the scope.
-      const child = spawnSync(
-        process.execPath,
-        [
-          "--import",
-          "tsx",
-          "--input-type=module",
-          "-e",
-          [
-            'import { Effect, Scope } from "effect"',
-            `import * as NatsProcess from ${JSON.stringify(join(import.meta.dirname, "NatsProcess.ts"))}`,
-            "const scope = Effect.runSync(Scope.make())",
-            `const server = await Effect.runPromise(Scope.extend(NatsProcess.start({ storeDir: ${JSON.stringify(storeDir)}, syncAlways: false }), scope))`,
-            "console.log(server.pid)",
-            "process.exit(0)",
-          ].join("\n"),
-        ],
-        { cwd: join(import.meta.dirname, ".."), encoding: "utf8" },
-      )
+      const child = spawnSync(process.execPath, serverScript({ storeDir }, "process.exit(0)"), {
+        cwd: join(import.meta.dirname, ".."),
+        encoding: "utf8",
+      })
       const pid = Number(child.stdout.trim())
       expect(pid, child.stderr).toBeGreaterThan(0)
       // SIGKILL is delivered at once; the server is gone (or a zombie reaped by init) right after.
@@ -127,20 +132,7 @@ describe("NatsProcess", () => {
       // hook runs: the watchdog is what stops the server and removes the folders.
       const child = spawn(
         process.execPath,
-        [
-          "--import",
-          "tsx",
-          "--input-type=module",
-          "-e",
-          [
-            'import { Effect, Scope } from "effect"',
-            `import * as NatsProcess from ${JSON.stringify(join(import.meta.dirname, "NatsProcess.ts"))}`,
-            "const scope = Effect.runSync(Scope.make())",
-            `const server = await Effect.runPromise(Scope.extend(NatsProcess.start({ storeDir: ${JSON.stringify(storeDir)}, syncAlways: false, removeOnCrash: [${JSON.stringify(storeDir)}] }), scope))`,
-            "console.log(server.pid)",
-            "setInterval(() => undefined, 1000)",
-          ].join("\n"),
-        ],
+        serverScript({ storeDir, removeOnCrash: [storeDir] }, "setInterval(() => undefined, 1000)"),
         { cwd: join(import.meta.dirname, ".."), stdio: ["ignore", "pipe", "inherit"] },
       )
       yield* Effect.addFinalizer(() => Effect.sync(() => child.kill("SIGKILL")))
