@@ -4,10 +4,11 @@
  * keep-alive connection (a client's usual reuse) through `node:http`, not `fetch`: undici's `fetch`
  * took twice the CPU here (1.9 against 0.9 ms per command), and the caller shares this machine's
  * two cores with the guest, whose `bash` that slows (one core kept busy takes a bare exec from 2.7
- * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts, `{ commands: "start" }` / `{ commands: "end" }` around the round-trip phase, which goes
- * in `blocks` blocks, each between `{ block: "start" }` and `{ block: "end" }` and followed by a wait
- * for any message from the parent; and at last `{ first, rtt }`: milliseconds from `POST …/runs` to
- * the first `bash true` result, and per command round trip.
+ * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts; runs the round-trip
+ * phase in `blocks` blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its
+ * command count) and followed by a wait for any message from the parent; and at last
+ * `{ first, rtt }`: milliseconds from `POST …/runs` to the first `bash true` result, and per
+ * command round trip.
  */
 import { Agent, request } from "node:http"
 
@@ -104,7 +105,6 @@ await bashTrue(run)
 // figures come from the same minutes of the machine (its speed drifts).
 const blocks = Number(blocksArg)
 const rtt: Array<number> = []
-send({ commands: "start" })
 for (let b = 0; b < blocks; b++) {
   const size = Math.floor(Number(commandsArg) / blocks) + (b < Number(commandsArg) % blocks ? 1 : 0)
   send({ block: "start" })
@@ -113,9 +113,8 @@ for (let b = 0; b < blocks; b++) {
     await bashTrue(run)
     rtt.push(performance.now() - t)
   }
-  send({ block: "end" })
+  send({ block: "end", size })
   await new Promise((resolve) => process.once("message", resolve))
 }
-send({ commands: "end" })
 await finish(run)
 process.send?.({ first, rtt }, () => process.exit(0))

@@ -93,13 +93,20 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     let cpu0 = process.cpuUsage()
     let cpuUs = 0
     child.on("message", (raw) => {
-      const m = raw as { started?: string; block?: string; first?: Array<number>; rtt?: Array<number> }
+      const m = raw as {
+        started?: string
+        block?: string
+        size?: number
+        first?: Array<number>
+        rtt?: Array<number>
+      }
       if (m.started !== undefined) stack.runs.add(m.started)
       if (m.block === "start") cpu0 = process.cpuUsage()
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
         cpuUs += used.user + used.system
-        bare.block(Math.ceil(commands / blocks)).then(
+        // As many bare execs as the block had commands.
+        bare.block(m.size ?? 0).then(
           (xs) => {
             bareRtt.push(...xs)
             child.send("go")
