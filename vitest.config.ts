@@ -12,5 +12,8 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 60_000,
     reporters: ["default"],
+    // No machine made by a test (in the test process or in a role it starts) has a way to a real
+    // network: a deployed host agent lets machines out by the host's default route, tests never.
+    env: { HANGAR_MACHINE_UPLINKS: "none", HANGAR_MACHINE_MASQUERADE: "false" },
   },
 })

@@ -1,8 +1,10 @@
 /**
- * Machine figures for the `namespace` driver: create → SSH ready over ~10 machines (p50/p95), the
- * round trip of `bash true` over one open session (p50/p99) beside a local `bash -c true`, and a
- * full host: 14 `s` machines (the default 14-vCPU budget) created at once, each running `bash true`.
- * Goals: ready p50 < 300 ms, exec p50 < 5 ms.
+ * Machine figures for the `namespace` driver (crun, unprivileged tenants), each beside the same
+ * figure of the old bwrap driver measured in the same run (`bench/bwrap-baseline.ts`): create →
+ * SSH ready over ~10 machines (p50/p95), the round trip of `bash true` over one open session
+ * (p50/p99) beside a local `bash -c true`, a compile-heavy workload (byte-compiling part of Python's
+ * standard library, CPU and many small writes), and a full host: 14 `s` machines (the default
+ * 14-vCPU budget) created at once, each running `bash true`. Goals: ready p50 < 300 ms, exec p50 < 5 ms.
  *
  *   node --import tsx bench/machines.ts [machines=10] [execs=200] [together=14]
  */
@@ -10,9 +12,10 @@ import { spawnSync } from "node:child_process"
 import { Effect } from "effect"
 import { ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
-import { scopedOn } from "../host-agent/machines/MachineDriver.ts"
+import { type MachineDriverService, scopedOn } from "../host-agent/machines/MachineDriver.ts"
 import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
+import { bwrapBaseline } from "./bwrap-baseline.ts"
 
 const machines = Number(process.argv[2] ?? 10)
 const execs = Number(process.argv[3] ?? 200)
@@ -24,18 +27,24 @@ const pct = (xs: Array<number>, p: number) => {
 }
 const ms = (n: number) => `${n.toFixed(2)} ms`
 
-const program = Effect.gen(function* () {
-  const base = yield* Effect.promise(() => ensureTestBase())
-  const driver = make(NamespaceDriverSettings.defaults)
-  const keys = newKeys()
-  const ready: Array<number> = []
-  const rtt: Array<number> = []
-  for (let i = 0; i < machines; i++) {
-    yield* Effect.scoped(
+// Byte-compiles part of Python's standard library in place: CPU, and thousands of small files
+// written through the root's overlay (copied up on first write).
+const COMPILE = `set -e; cd "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')"
+python3 -m compileall -q -f asyncio email json http xml logging unittest concurrent > /dev/null`
+
+const measure = (label: string, driver: MachineDriverService) =>
+  Effect.gen(function* () {
+    const base = yield* Effect.promise(() => ensureTestBase())
+    const keys = newKeys()
+    const ready: Array<number> = []
+    const rtt: Array<number> = []
+    const compile: Array<number> = []
+    // A machine, its session, and its first `bash true`; pushes the time that took to `into`.
+    const readyMachine = (label: string, into: Array<number>) =>
       Effect.gen(function* () {
         const t0 = performance.now()
         const machine = yield* scopedOn(driver, {
-          id: testId(`bench${i}`),
+          id: testId(label),
           size: "s",
           base: base.rootfs,
           authorizedKey: keys.client.public,
@@ -43,61 +52,74 @@ const program = Effect.gen(function* () {
         })
         const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
         yield* guest.bash({ command: "true" })
-        ready.push(performance.now() - t0)
-        if (i === 0) {
-          for (let j = 0; j < execs; j++) {
-            const t = performance.now()
-            yield* guest.bash({ command: "true" })
-            rtt.push(performance.now() - t)
+        into.push(performance.now() - t0)
+        return guest
+      })
+    for (let i = 0; i < machines; i++) {
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          const guest = yield* readyMachine(`bench${i}`, ready)
+          if (i === 0) {
+            for (let j = 0; j < execs; j++) {
+              const t = performance.now()
+              yield* guest.bash({ command: "true" })
+              rtt.push(performance.now() - t)
+            }
           }
-        }
+          if (i < 3) {
+            const t = performance.now()
+            const r = yield* guest.bash({ command: COMPILE, timeout_ms: 600_000 })
+            if (r.exit_code !== 0) return yield* Effect.die(new Error(`compile workload failed: ${r.output}`))
+            compile.push(performance.now() - t)
+          }
+        }),
+      )
+    }
+    // A full host: every machine created at once; each one's own ready time and the wall time for all.
+    const each: Array<number> = []
+    const wall = yield* Effect.scoped(
+      Effect.gen(function* () {
+        const t0 = performance.now()
+        yield* Effect.forEach(
+          Array.from({ length: together }, (_, i) => i),
+          (i) => readyMachine(`full${i}`, each),
+          { concurrency: "unbounded", discard: true },
+        )
+        // Measured before the scope closes, so destroying the machines is not counted.
+        return performance.now() - t0
       }),
     )
-  }
-  // A full host: every machine created at once; each one's own ready time and the wall time for all.
-  const each: Array<number> = []
-  const wall = yield* Effect.scoped(
-    Effect.gen(function* () {
-      const t0 = performance.now()
-      yield* Effect.forEach(
-        Array.from({ length: together }, (_, i) => i),
-        (i) =>
-          Effect.gen(function* () {
-            const t = performance.now()
-            const machine = yield* scopedOn(driver, {
-              id: testId(`full${i}`),
-              size: "s",
-              base: base.rootfs,
-              authorizedKey: keys.client.public,
-              hostKey: keys.host.private,
-            })
-            const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
-            yield* guest.bash({ command: "true" })
-            each.push(performance.now() - t)
-          }),
-        { concurrency: "unbounded", discard: true },
-      )
-      // Measured before the scope closes, so destroying the machines is not counted.
-      return performance.now() - t0
-    }),
-  )
+    return { label, ready, rtt, compile, each, wall }
+  })
+
+const program = Effect.gen(function* () {
+  const rows = [
+    yield* measure("crun (unprivileged tenant)", make(NamespaceDriverSettings.defaults)),
+    yield* measure("bwrap (old driver, root on the host; baseline)", bwrapBaseline),
+  ]
   const local: Array<number> = []
   for (let j = 0; j < execs; j++) {
     const t = performance.now()
     spawnSync("bash", ["-c", "true"])
     local.push(performance.now() - t)
   }
-  console.log(
-    `create → SSH ready → first bash (${machines} machines): p50 ${ms(pct(ready, 50))}, p95 ${ms(pct(ready, 95))} (goal p50 < 300 ms)`,
-  )
-  console.log(
-    `bash true over the open session (${execs}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 5 ms)`,
-  )
-  console.log(
-    `${together} s machines at once → each ready: p50 ${ms(pct(each, 50))}, max ${ms(Math.max(...each))}; all ready in ${ms(wall)}`,
-  )
+  for (const r of rows) {
+    console.log(`— ${r.label}`)
+    console.log(
+      `create → SSH ready → first bash (${machines} machines): p50 ${ms(pct(r.ready, 50))}, p95 ${ms(pct(r.ready, 95))} (goal p50 < 300 ms)`,
+    )
+    console.log(
+      `bash true over the open session (${execs}): p50 ${ms(pct(r.rtt, 50))}, p99 ${ms(pct(r.rtt, 99))} (goal p50 < 5 ms)`,
+    )
+    console.log(
+      `compile workload (python compileall, ${r.compile.length} runs): p50 ${ms(pct(r.compile, 50))}`,
+    )
+    console.log(
+      `${together} s machines at once → each ready: p50 ${ms(pct(r.each, 50))}, max ${ms(Math.max(...r.each))}; all ready in ${ms(r.wall)}`,
+    )
+    console.log(`ratio exec/local p50: ${(pct(r.rtt, 50) / pct(local, 50)).toFixed(2)}`)
+  }
   console.log(`local bash -c true baseline (${execs}): p50 ${ms(pct(local, 50))}, p99 ${ms(pct(local, 99))}`)
-  console.log(`ratio exec/local p50: ${(pct(rtt, 50) / pct(local, 50)).toFixed(2)}`)
 })
 
 Effect.runPromise(program).catch((e) => {

@@ -274,13 +274,19 @@ const natsServer = () => {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Debian packages the host agent uses: bwrap and the namespace tools for namespace machines,
-// mmdebstrap to build bases, nftables for the machines' network policy, e2fsprogs for sized
-// /workspace images, QEMU for the qemu driver. Installed from the system's own apt sources when
-// missing (root only; elsewhere the step says what to install and goes on).
+// Debian packages the host agent uses: crun (the OCI runtime), Podman's default seccomp profile
+// (golang-github-containers-common), lxcfs, python3 (the idmapped-mount helper) and the namespace
+// tools for namespace machines, mmdebstrap to build bases, nftables for the machines' network
+// policy, e2fsprogs for sized machine disks, QEMU for the qemu driver. Installed from the
+// system's own apt sources when missing (root only; elsewhere the step says what to install and
+// goes on).
 
 const DEBIAN_PACKAGES = [
-  "bubblewrap",
+  "crun",
+  "golang-github-containers-common",
+  "lxcfs",
+  "python3",
+  "bubblewrap", // only for bench/machines.ts's baseline (the old driver)
   "mmdebstrap",
   "nftables",
   "e2fsprogs",

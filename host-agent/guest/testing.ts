@@ -21,13 +21,14 @@ export interface TestGuest {
   readonly close: () => Promise<ReadonlyArray<string>>
 }
 
-/** Makes a size `s` machine (with test overrides) and connects to it. */
+/** Makes a size `s` machine (with test overrides, on a driver with `settings`) and connects to it. */
 export const testGuest = async (
   label: string,
   override: Partial<Pick<Size, "memoryBytes" | "diskBytes">> = {},
+  settings: Partial<typeof NamespaceDriverSettings.defaults> = {},
 ): Promise<TestGuest> => {
   const base = await ensureTestBase()
-  const driver = make(NamespaceDriverSettings.defaults)
+  const driver = make({ ...NamespaceDriverSettings.defaults, ...settings })
   const keys = newKeys()
   const id = testId(label)
   const scope = Effect.runSync(Scope.make())

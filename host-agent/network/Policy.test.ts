@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto"
+import { ConfigProvider, Effect, Layer } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { run } from "../machines/namespace/exec.ts"
 import * as Policy from "./Policy.ts"
@@ -44,6 +45,44 @@ describe("rendering", () => {
     // Both are valid rule sets (checked only: a test never turns masquerading on).
     for (const base of [off, on]) await check(`${base}\n${Policy.renderAttach(defaults, guest)}`)
     await check(Policy.renderDetach(defaults, guest.iface))
+  })
+
+  it("a host agent from the environment lets machines out by the default route, masqueraded; tests never", async () => {
+    const fromEnv = (vars: Record<string, string>) =>
+      Effect.runPromise(
+        Effect.provide(
+          Policy.PolicySettings.Tag,
+          Layer.provide(
+            Policy.PolicySettings.layerFromEnv,
+            Layer.setConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(vars)))),
+          ),
+        ),
+      )
+    const deployed = await fromEnv({})
+    expect(deployed.uplinks).toBe("auto")
+    expect(deployed.masquerade).toBe(true)
+    // The code's defaults, and this test run's environment (vitest.config.ts), reach nothing.
+    expect(defaults.uplinks).toBe("")
+    expect(defaults.masquerade).toBe(false)
+    expect(process.env.HANGAR_MACHINE_UPLINKS).toBe("none")
+    const off = await fromEnv({ HANGAR_MACHINE_UPLINKS: "none", HANGAR_MACHINE_MASQUERADE: "false" })
+    expect(Policy.renderBase(off)).not.toContain("add element inet hangar uplinks")
+
+    // `auto` is the interface of the host's default route, checked against `ip route` itself.
+    const routes = JSON.parse(await run("ip", ["-j", "-4", "route", "show", "default"])) as Array<{
+      dev: string
+    }>
+    const resolved = await Policy.resolveUplinks(deployed)
+    expect(resolved.uplinks).toBe([...new Set(routes.map((r) => r.dev))].join(","))
+    const base = Policy.renderBase(resolved)
+    for (const dev of new Set(routes.map((r) => r.dev))) expect(base).toContain(`"${dev}"`)
+    expect(base).toContain("ip saddr @masquerade_sources masquerade")
+    // A valid rule set that still refuses every forbidden range before the uplink (checked only,
+    // never committed: no test machine may leave by a real interface).
+    await check(`${base}\n${Policy.renderAttach(resolved, guest)}`)
+    const machine = Policy.renderAttach(resolved, guest)
+    expect(machine.indexOf("@forbidden4 goto refuse")).toBeLessThan(machine.indexOf("oifname != @uplinks"))
+    expect(await Policy.resolveUplinks({ ...defaults, uplinks: "eth9" })).toMatchObject({ uplinks: "eth9" })
   })
 
   it("refuses names and addresses that are not plain, at the interface name's 15-byte limit", () => {

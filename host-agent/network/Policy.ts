@@ -9,7 +9,11 @@
  *
  * What a machine may do:
  * - open connections only out of an uplink interface (the `uplinks` set: the host's way to the
- *   internet, empty by default so a machine reaches nothing until the host names its uplink);
+ *   internet). A host agent started from the environment takes the interface of the host's default
+ *   route (`auto`) and masquerades machine addresses out of it, so machines reach the internet as
+ *   the spec says; the settings' `defaults` object (what code and tests get without the
+ *   environment) names no uplink and does not masquerade, and the test configuration sets
+ *   `HANGAR_MACHINE_UPLINKS=none`, so no test machine ever has a way to a real network;
  * - never to a private, shared, link-local (metadata), loopback, multicast or reserved IPv4
  *   range (`forbidden4`), so not to other machines either, and never to port 25;
  * - at most `newConnectionsPerSecond` new connections (conntrack `new`) per second, with a burst of
@@ -23,7 +27,7 @@
  *
  * Refusals answer at once (a TCP reset, or ICMP admin-prohibited for other protocols) so programs
  * in the machine fail fast instead of waiting out SYN retries. Masquerading out of the uplinks is a
- * production setting, off by default and never turned on by tests.
+ * production setting, on from the environment's defaults and never turned on by tests.
  */
 import { writeFile } from "node:fs/promises"
 import { defineSettings, env } from "../../core/Config.ts"
@@ -38,7 +42,10 @@ export const PolicySettings = defineSettings(
     newConnectionsPerSecond: 200,
     /** New connections allowed at once above the rate (the token bucket's size). */
     burst: 20,
-    /** Comma-separated host interfaces that lead to the internet; machines may leave only by them. */
+    /**
+     * Comma-separated host interfaces that lead to the internet; machines may leave only by them.
+     * `auto`: the interface of the host's default route; `none` (or empty): no way out.
+     */
     uplinks: "",
     /** Masquerade machine traffic out of the uplinks (production; never in tests). */
     masquerade: false,
@@ -46,8 +53,9 @@ export const PolicySettings = defineSettings(
     masqueradeSources: "10.213.0.0/16",
   },
   (d) => ({
-    uplinks: env.string("MACHINE_UPLINKS", d.uplinks),
-    masquerade: env.boolean("MACHINE_MASQUERADE", d.masquerade),
+    // A deployed host agent lets machines out by the host's default route, masqueraded.
+    uplinks: env.string("MACHINE_UPLINKS", "auto"),
+    masquerade: env.boolean("MACHINE_MASQUERADE", true),
     masqueradeSources: env.string("MACHINE_MASQUERADE_SOURCES", d.masqueradeSources),
     newConnectionsPerSecond: env.integer("MACHINE_NEW_CONNECTIONS_PER_SECOND", d.newConnectionsPerSecond),
   }),
@@ -88,7 +96,27 @@ const list = (csv: string) =>
   csv
     .split(",")
     .map((x) => x.trim())
-    .filter((x) => x.length > 0)
+    .filter((x) => x.length > 0 && x !== "none")
+
+/** The interfaces of the host's default IPv4 routes (what `auto` names). */
+export const defaultRouteInterfaces = async (): Promise<Array<string>> => {
+  const routes = JSON.parse((await run("ip", ["-j", "-4", "route", "show", "default"])) || "[]") as Array<{
+    dev?: string
+  }>
+  return [...new Set(routes.flatMap((r) => (r.dev ? [r.dev] : [])))]
+}
+
+let defaultRoute: { readonly at: number; readonly interfaces: Promise<Array<string>> } | undefined
+
+/** The settings with `auto` replaced by the default route's interfaces (none when the host has no default route; looked up at most every 30 s). */
+export const resolveUplinks = async (s: PolicySettingsValue): Promise<PolicySettingsValue> => {
+  const named = list(s.uplinks)
+  if (!named.includes("auto")) return s
+  if (defaultRoute === undefined || Date.now() - defaultRoute.at > 30_000)
+    defaultRoute = { at: Date.now(), interfaces: defaultRouteInterfaces().catch(() => []) }
+  const found = await defaultRoute.interfaces
+  return { ...s, uplinks: [...named.filter((u) => u !== "auto"), ...found].join(",") }
+}
 
 /** The per-machine chain of `iface`. */
 export const chainOf = (iface: string) => `m_${checkIface(iface)}`
@@ -218,7 +246,8 @@ const forwardOn = (iface: string) => writeFile(`/proc/sys/net/ipv4/conf/${checkI
  * Puts machine `g` under the policy: refreshes the shared table and (re)places the machine's chain
  * and elements in one transaction, and lets the host forward its packets. Idempotent.
  */
-export const attach = async (s: PolicySettingsValue, g: Guest): Promise<void> => {
+export const attach = async (settings: PolicySettingsValue, g: Guest): Promise<void> => {
+  const s = await resolveUplinks(settings)
   await nftScript(`${renderBase(s)}\n${renderAttach(s, g)}`)
   for (const u of list(s.uplinks)) await forwardOn(u)
   await forwardOn(g.iface)

@@ -264,6 +264,9 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     HOST_VCPUS: String(options.hostVcpus ?? 2),
     HOST_MEMORY_MIB: String(options.hostMemoryMib ?? 8192),
     HOST_HEARTBEAT_MS: "1000",
+    // Machines reach no real network (a deployed host agent's default is the default route).
+    MACHINE_UPLINKS: "none",
+    MACHINE_MASQUERADE: "false",
   }
   for (const [name, variable] of Object.entries(settingNames)) {
     const value = options[name as keyof typeof settingNames]

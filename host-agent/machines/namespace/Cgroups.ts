@@ -1,13 +1,17 @@
 /**
- * cgroup v1 limits of one machine: `memory`, `cpu` and `pids` under `<root>/<controller>/hangar/<id>`.
- * The memory group has a child `cmds` that the machine sees as `/sys/fs/cgroup/memory`: each `bash`
- * command runs in its own group below it, so an OOM kill is charged to the command that caused it,
- * while the limit stays on the machine's group, out of the guest's reach.
+ * cgroup v1 limits of one machine under `<root>/<hierarchy>/hangar/<id>`: `memory`, `cpu`, `pids`
+ * and `blkio` (its disk's bandwidth and operations per second) are set here; crun joins the
+ * machine to these groups and makes its own in the other hierarchies (`devices` holds its device
+ * list). The memory group has a child `cmds`, owned by the machine's root, that the machine sees as
+ * `/sys/fs/cgroup/memory`: each `bash` command runs in its own group below it, so an OOM kill is
+ * charged to the command that caused it, while the limit stays on the machine's group, out of the
+ * guest's reach (its cgroup namespace and mount show it nothing above `cmds`).
  */
 import * as fs from "node:fs/promises"
-import { join } from "node:path"
+import { basename, join } from "node:path"
 
-export const controllers = ["memory", "cpu", "pids"] as const
+/** The hierarchies whose limits the driver sets itself. */
+export const controllers = ["memory", "cpu", "pids", "blkio"] as const
 
 /** The machine's group folder for `controller`. */
 export const groupOf = (root: string, controller: string, id: string) => join(root, controller, "hangar", id)
@@ -15,19 +19,57 @@ export const groupOf = (root: string, controller: string, id: string) => join(ro
 /** The folder the guest sees as its memory cgroup root. */
 export const guestGroupOf = (root: string, id: string) => join(groupOf(root, "memory", id), "cmds")
 
+/** `major:minor` of a block device (`/dev/loop3`). */
+export const deviceOf = async (dev: string): Promise<string> =>
+  (await fs.readFile(join("/sys/class/block", basename(dev), "dev"), "utf8")).trim()
+
+/** What one machine may use. */
+export interface Limits {
+  readonly memoryBytes: number
+  readonly vcpus: number
+  readonly pids: number
+  /** The host uid of the machine's root: it owns `cmds`, so the guest can make its commands' groups. */
+  readonly guestOwner?: number
+  /** The machine's disk (`major:minor`) and its limits, both ways. */
+  readonly disk?: { readonly device: string; readonly bytesPerSecond: number; readonly opsPerSecond: number }
+}
+
 /** Makes the groups and sets the limits. */
-export const make = async (
-  root: string,
-  id: string,
-  limits: { readonly memoryBytes: number; readonly vcpus: number; readonly pids: number },
-): Promise<void> => {
+export const make = async (root: string, id: string, limits: Limits): Promise<void> => {
   for (const c of controllers) await fs.mkdir(groupOf(root, c, id), { recursive: true })
   await fs.writeFile(join(groupOf(root, "memory", id), "memory.limit_in_bytes"), String(limits.memoryBytes))
-  await fs.mkdir(guestGroupOf(root, id))
+  // No swap beyond the memory limit (where the host has swap accounting at all).
+  await fs
+    .writeFile(join(groupOf(root, "memory", id), "memory.memsw.limit_in_bytes"), String(limits.memoryBytes))
+    .catch(() => undefined)
+  const guest = guestGroupOf(root, id)
+  await fs.mkdir(guest)
+  if (limits.guestOwner !== undefined) {
+    await fs.chown(guest, limits.guestOwner, limits.guestOwner)
+    for (const f of ["cgroup.procs", "tasks"])
+      await fs.chown(join(guest, f), limits.guestOwner, limits.guestOwner)
+  }
   await fs.writeFile(join(groupOf(root, "cpu", id), "cpu.cfs_period_us"), "100000")
   await fs.writeFile(join(groupOf(root, "cpu", id), "cpu.cfs_quota_us"), String(limits.vcpus * 100000))
   await fs.writeFile(join(groupOf(root, "pids", id), "pids.max"), String(limits.pids))
+  if (limits.disk) {
+    const { device, bytesPerSecond, opsPerSecond } = limits.disk
+    const blkio = groupOf(root, "blkio", id)
+    for (const [file, value] of [
+      ["blkio.throttle.read_bps_device", bytesPerSecond],
+      ["blkio.throttle.write_bps_device", bytesPerSecond],
+      ["blkio.throttle.read_iops_device", opsPerSecond],
+      ["blkio.throttle.write_iops_device", opsPerSecond],
+    ] as const)
+      await fs.writeFile(join(blkio, file), `${device} ${value}`)
+  }
 }
+
+/** The hierarchies mounted under `root` (crun makes a machine's group in each). */
+export const hierarchies = async (root: string): Promise<Array<string>> =>
+  (await fs.readdir(root, { withFileTypes: true }).catch(() => []))
+    .filter((e) => e.isDirectory() || e.isSymbolicLink())
+    .map((e) => e.name)
 
 /** The group folders of a machine, deepest first. */
 const allGroups = async (root: string, id: string): Promise<Array<string>> => {
@@ -39,7 +81,7 @@ const allGroups = async (root: string, id: string): Promise<Array<string>> => {
     out.push(dir)
     return true
   }
-  for (const c of controllers) await walk(groupOf(root, c, id))
+  for (const c of await hierarchies(root)) await walk(groupOf(root, c, id))
   return out
 }
 

@@ -51,7 +51,7 @@ describe("namespace driver", () => {
         Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
           g.bash({
             command:
-              "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u",
+              "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; ls -A /workspace; ls -A /workspace/in | wc -l; ls -A /workspace/out | wc -l",
           }),
         ),
       ),
@@ -62,8 +62,10 @@ describe("namespace driver", () => {
     // ext4 keeps a little for itself; the disk is the size's 16 GiB.
     expect(Number(lines[2])).toBeGreaterThan(15.5 * 1024 ** 3)
     expect(Number(lines[2])).toBeLessThanOrEqual(16 * 1024 ** 3)
-    expect(lines[3]).toContain("bwrap") // pid 1 of its own pid namespace
+    expect(lines[3]).toContain("sshd") // pid 1 of its own pid namespace
     expect(lines[4]).toBe("0") // root
+    // An empty input and output folder, whatever the run will do.
+    expect(lines.slice(5, 9)).toEqual(["in", "out", "0", "0"])
     expect(await leftovers(s.id)).not.toEqual([])
     await Effect.runPromise(driver.destroy(s.id))
     expect(await leftovers(s.id)).toEqual([])

@@ -1,16 +1,26 @@
 /**
- * The `namespace` machine driver: a machine is an sshd in its own pid/uts/ipc/mount namespaces
- * (bwrap) inside its own network namespace, with cgroup v1 limits. Its root is an overlay whose
- * lower layer is the read-only base and whose upper layer lives in the machine's folder; its
- * `/workspace` is an ext4 image of the size's capacity on a loop device, so a full disk is a real
- * ENOSPC. Both are mounted in a private mount namespace made just before bwrap (Debian 12's bwrap
- * has no `--overlay`), so the host never sees them and they vanish with the machine's processes.
+ * The `namespace` machine driver: a machine is an sshd run by `crun` (an OCI runtime, Debian's
+ * package) as an unprivileged tenant of the host: its root is a uid range of its own on the host
+ * (user namespace), with its own pid, ipc, uts, mount and cgroup namespaces, a reduced capability
+ * set, a seccomp allow-list and masked `/proc` paths (`Oci.ts` says which and why), inside the
+ * network namespace the driver made for it (`Net.ts`, policed by `network/Policy.ts`), and under
+ * cgroup v1 limits for memory, CPU, processes and disk I/O (`Cgroups.ts`).
+ *
+ * Its disk is one ext4 image of the size's capacity on a loop device: it holds `/workspace` and the
+ * writable layer of the root (an overlay whose lower layer is the read-only base, shown to the
+ * machine through an idmapped mount so that its root owns it), so every byte the machine writes
+ * anywhere counts against its size, and a full disk is a real ENOSPC. The image is made with its
+ * first files in place (`mkfs.ext4 -d`), owned by the machine's range. The disk and the overlay
+ * are mounted in a private mount namespace made just before crun, so the host never sees them and
+ * they vanish with the machine's processes.
  */
 import { spawn } from "node:child_process"
-import { closeSync, openSync } from "node:fs"
+import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
+import { availableParallelism } from "node:os"
 import { join } from "node:path"
+import { fileURLToPath } from "node:url"
 import { Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
@@ -25,9 +35,12 @@ import {
   type MachineDriverService,
   type MachineSpec,
 } from "../MachineDriver.ts"
+import * as Disks from "../qemu/Disks.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
+import * as Lxcfs from "./Lxcfs.ts"
 import * as Net from "./Net.ts"
+import * as Oci from "./Oci.ts"
 
 /** Where the driver keeps machines and how it limits them. */
 export const NamespaceDriverSettings = defineSettings(
@@ -38,6 +51,22 @@ export const NamespaceDriverSettings = defineSettings(
     cgroupRoot: "/sys/fs/cgroup",
     /** A private /16 (its first two octets are used) cut into one /30 per machine. */
     addressPool: "10.213.0.0",
+    /**
+     * The host id of root in the machine on network slot 0; slot n's machine has the 65536 ids
+     * from idBase + n × 65536 (slots are unique on the host, so ranges never overlap).
+     */
+    idBase: 1_000_000,
+    /** The OCI runtime and the seccomp profile it is given (see `Oci.ts`). */
+    crun: "crun",
+    seccompProfile: "/usr/share/containers/seccomp.json",
+    /** Disk bandwidth and operations per second per vCPU (the spec: 50 MB/s and 5,000). */
+    diskBytesPerSecondPerVcpu: 50_000_000,
+    diskOpsPerSecondPerVcpu: 5_000,
+    /** Network bandwidth per vCPU, each way (the spec: 25 MB/s). */
+    networkBytesPerSecondPerVcpu: 25_000_000,
+    /** The most machines a host holds at once (its vCPU budget of 1-vCPU machines); sizes pids.max. */
+    maxMachines: 14,
+    /** Processes (tasks) per machine at most; lowered at start so all machines together stay under half the host's limit. */
     pidsMax: 16384,
     termGraceMs: 2000,
     readyTimeoutMs: 15_000,
@@ -46,6 +75,7 @@ export const NamespaceDriverSettings = defineSettings(
     machinesDir: env.string("MACHINES_DIR", d.machinesDir),
     runDir: env.string("RUN_DIR", d.runDir),
     addressPool: env.string("MACHINE_ADDRESS_POOL", d.addressPool),
+    seccompProfile: env.string("MACHINE_SECCOMP_PROFILE", d.seccompProfile),
     termGraceMs: env.integer("MACHINE_TERM_GRACE_MS", d.termGraceMs),
   }),
 )
@@ -53,23 +83,29 @@ type Settings = typeof NamespaceDriverSettings.defaults
 
 const ID = /^[a-z0-9_]{1,64}$/
 
-// Runs as the machine's first process: joins the cgroups, enters the netns and a private mount
-// namespace, mounts the root overlay and the workspace, then becomes bwrap running sshd. (Commands
-// raise their own oom_score_adj so the OOM killer picks them before sshd; lowering sshd's is
-// refused on some hosts.)
+const idmapMount = fileURLToPath(new URL("./idmap-mount.py", import.meta.url))
+
+/** The host id of root in the machine on network slot `slot`. */
+export const hostIdOf = (s: Settings, slot: number) => s.idBase + slot * Oci.ID_COUNT
+
+// Makes the machine's container, stopped before its first program: in a private mount namespace
+// it mounts the disk, the idmapped base and the root overlay (relative paths, so the guest's
+// mountinfo names no host folder), hides the cgroup v2 part of a hybrid layout (crun refuses one
+// whose v2 part holds controllers; machines use v1), lets go of the disk and base mounts (the
+// overlay holds them), then has crun create the container. The container keeps the mounts alive;
+// this shell's namespace ends with it.
 const launcher = `
 set -e
-for g in $HG_CGROUPS; do echo $$ > "$g/cgroup.procs" || { echo "cannot join $g"; exit 1; }; done
-exec nsenter --net="/run/netns/$HG_NETNS" unshare --mount --propagation private /bin/sh -c '
+exec unshare --mount --propagation private /bin/sh -c '
 set -e
-# The copies of other machines netns mounts would keep those namespaces alive.
-umount -l /run/netns 2>/dev/null || true
-mount -t overlay overlay -o "lowerdir=$HG_BASE,upperdir=$HG_DIR/upper,workdir=$HG_DIR/work" "$HG_DIR/root"
-mount -o loop "$HG_DIR/workspace.img" "$HG_DIR/root/workspace"
-mkdir -p "$HG_DIR/root/run/sshd" "$HG_DIR/root/sys/fs/cgroup/memory"
-exec bwrap --bind "$HG_DIR/root" / --dev /dev --proc /proc --bind "$HG_GUEST_CGROUP" /sys/fs/cgroup/memory \\
-  --unshare-pid --unshare-uts --unshare-ipc --hostname machine \\
-  -- /usr/sbin/sshd -D -e -f /etc/ssh/sshd_config
+cd "$HG_DIR"
+umount -l /sys/fs/cgroup/unified 2>/dev/null || true
+mount -o nosuid,nodev "$HG_LOOP" disk
+python3 "$HG_IDMAP" "$HG_BASE" lower "$HG_HOST_ID" ${Oci.ID_COUNT}
+mount -t overlay overlay -o lowerdir=lower,upperdir=disk/upper,workdir=disk/work root
+umount -l lower
+umount -l disk
+exec "$HG_CRUN" --root "$HG_CRUN_ROOT" create --bundle "$HG_DIR" --pid-file "$HG_DIR/pid" "$HG_ID"
 '
 `
 
@@ -94,28 +130,117 @@ const alive = (pid: number) => {
   }
 }
 
+const crunRoot = (s: Settings) => join(s.runDir, "crun")
+
+/** The kernel's process id ceiling this driver raises a host to (the 64-bit kernel's maximum). */
+export const HOST_PID_MAX = 4_194_304
+
+const readNumber = (path: string) => Number(readFileSync(path, "utf8").trim())
+
+/**
+ * Readies the host once per process: raises `kernel.pid_max` to its maximum, and answers the
+ * machines' `pids.max` so that all machines of a full host (`maxMachines`) together hold at most
+ * half of the host's process ids and threads; the host keeps the other half.
+ */
+const hostLimits = (s: Settings): { readonly pidsMax: number } => {
+  const known = hostLimitsOf.get(s.maxMachines)
+  if (known !== undefined) return { pidsMax: Math.min(s.pidsMax, known) }
+  let pidMax = readNumber("/proc/sys/kernel/pid_max")
+  if (pidMax < HOST_PID_MAX) {
+    try {
+      writeFileSync("/proc/sys/kernel/pid_max", String(HOST_PID_MAX))
+      pidMax = HOST_PID_MAX
+    } catch {
+      // A host that does not let us: the share below is of what it has.
+    }
+  }
+  const threadsMax = readNumber("/proc/sys/kernel/threads-max")
+  const share = Math.max(64, Math.floor(Math.min(pidMax, threadsMax) / 2 / s.maxMachines))
+  hostLimitsOf.set(s.maxMachines, share)
+  return { pidsMax: Math.min(s.pidsMax, share) }
+}
+const hostLimitsOf = new Map<number, number>()
+
+/**
+ * The host CPUs a machine of `vcpus` runs on: fewer vCPUs than the host has cores are pinned
+ * (`nproc` shows the size), spread over the cores by the machine's network slot; otherwise all.
+ */
+export const cpusOf = (
+  vcpus: number,
+  slot: number,
+  cores: number = availableParallelism(),
+): string | undefined => {
+  if (vcpus >= cores) return undefined
+  const picked = Array.from({ length: vcpus }, (_, i) => (slot * vcpus + i) % cores).sort((a, b) => a - b)
+  return picked.join(",")
+}
+
+/** The loop devices backing machine `id`'s disk image. */
+const loopsOf = async (dir: string) =>
+  (await run("losetup", ["-n", "-O", "NAME", "-j", join(dir, "disk.img")]).catch(() => ""))
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0)
+
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
   await Cgroups.killAll(s.cgroupRoot, id, s.termGraceMs)
-  // The mounts lived only in the machine's mount namespace, which died with its last process; the
-  // loop device is auto-cleared when its filesystem goes, a moment later.
-  const image = join(dir, "workspace.img")
+  // crun's own record of the container (it removes it when its `run` ends; a killed crun leaves it).
+  await run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined)
+  // The mounts lived only in the machine's mount namespaces, which died with its last process;
+  // detaching a loop device still in use by a dying mount defers the detach to its release.
   const until = Date.now() + 5_000
   for (;;) {
-    const loops = (await run("losetup", ["-n", "-O", "NAME", "-j", image]).catch(() => "")).trim()
-    if (!loops) break
-    if (Date.now() > until) {
-      for (const dev of loops.split("\n")) await run("losetup", ["-d", dev.trim()]).catch(() => undefined)
-      break
-    }
+    const loops = await loopsOf(dir)
+    if (loops.length === 0) break
+    for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
+    if (Date.now() > until) break
     await sleep(10)
   }
   await Cgroups.remove(s.cgroupRoot, id)
   await Policy.detach(policy, Net.hostIfOf(id))
   await Net.down(id)
   await Net.release(s.runDir, id)
-  for (const m of ["root/workspace", "root"]) await run("umount", ["-l", join(dir, m)]).catch(() => undefined)
   await fs.rm(dir, { recursive: true, force: true })
+}
+
+/** Bytes the image at `path` may still take from the host's disk (images are sparse). */
+const unallocated = async (path: string) => {
+  const st = await fs.stat(path).catch(() => undefined)
+  return st ? Math.max(0, st.size - st.blocks * 512) : 0
+}
+
+/**
+ * Admits a machine only when the host's disk can hold it and every other machine at full size:
+ * free space must cover this disk and what the others' sparse images may still grow by.
+ */
+const checkDiskRoom = async (s: Settings, id: string, diskBytes: number) => {
+  let promised = diskBytes
+  for (const other of await fs.readdir(s.machinesDir).catch(() => [] as Array<string>)) {
+    if (other !== id) promised += await unallocated(join(s.machinesDir, other, "disk.img"))
+  }
+  const st = await fs.statfs(s.machinesDir)
+  const free = st.bavail * st.bsize
+  if (free < promised)
+    throw new Error(
+      `the host's disk has ${free} bytes free, and its machines may still need ${promised} (this one ${diskBytes})`,
+    )
+}
+
+/** The machine's first files, as the disk image holds them from the start (owned by its root). */
+const seed = async (dir: string, hostId: number, spec: MachineSpec, guestAddress: string) => {
+  const root = join(dir, "seed")
+  const upper = join(root, "upper")
+  // Every machine starts with an empty input and output folder, agent or not.
+  for (const d of ["upper/etc/ssh", "upper/run/sshd", "upper/workspace/in", "upper/workspace/out", "work"])
+    await fs.mkdir(join(root, d), { recursive: true })
+  await fs.writeFile(join(upper, "etc/ssh/hangar_host_key"), spec.hostKey, { mode: 0o600 })
+  await fs.writeFile(join(upper, "etc/ssh/hangar_authorized_keys"), `${spec.authorizedKey.trim()}\n`)
+  await fs.writeFile(join(upper, "etc/ssh/sshd_config"), guestSshdConfig(guestAddress))
+  // Folders that exist in the base keep the base's mode; these are the overlay's own.
+  await fs.chmod(join(upper, "run/sshd"), 0o755)
+  await run("chown", ["-R", `${hostId}:${hostId}`, root])
+  return root
 }
 
 const createNow = async (
@@ -130,63 +255,99 @@ const createNow = async (
     if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
     await fs.mkdir(s.machinesDir, { recursive: true })
     await fs.mkdir(dir) // fails if the id is in use
-    for (const d of ["upper/etc/ssh", "work", "root"]) await fs.mkdir(join(dir, d), { recursive: true })
+    for (const d of ["disk", "lower", "root"]) await fs.mkdir(join(dir, d))
+
+    step = "disk room"
+    await checkDiskRoom(s, spec.id, limits.diskBytes)
 
     step = "network"
     const net = await Net.lease(s.runDir, s.addressPool, spec.id)
-    await Net.up(net)
-    step = "policy"
-    await Policy.attach(policy, { iface: net.hostIf, guestAddress: net.guestAddress })
+    const hostId = hostIdOf(s, net.slot)
 
     step = "ssh"
     const hostKey = ssh2.utils.parseKey(spec.hostKey)
     if (hostKey instanceof Error) throw hostKey
     const hostPublic = `${hostKey.type} ${hostKey.getPublicSSH().toString("base64")}`
-    await fs.writeFile(join(dir, "upper/etc/ssh/hangar_host_key"), spec.hostKey, { mode: 0o600 })
-    await fs.writeFile(join(dir, "upper/etc/ssh/hangar_authorized_keys"), `${spec.authorizedKey.trim()}\n`)
-    await fs.writeFile(join(dir, "upper/etc/ssh/sshd_config"), guestSshdConfig(net.guestAddress))
 
-    step = "workspace"
-    const image = join(dir, "workspace.img")
-    const fd = openSync(image, "w")
-    closeSync(fd)
-    await fs.truncate(image, limits.diskBytes)
-    await run("mkfs.ext4", [
-      "-q",
-      "-F",
-      "-m",
-      "0",
-      "-E",
-      "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-      image,
-    ])
+    step = "disk"
+    const image = join(dir, "disk.img")
+    const seeded = await seed(dir, hostId, spec, net.guestAddress)
+    await Disks.workspace(image, limits.diskBytes, { seed: seeded, owner: hostId })
+    await fs.rm(seeded, { recursive: true, force: true })
+    const loop = (await run("losetup", ["--find", "--show", image])).trim()
 
     step = "cgroups"
-    await Cgroups.make(s.cgroupRoot, spec.id, { ...limits, pids: s.pidsMax })
+    const device = await Cgroups.deviceOf(loop)
+    await Cgroups.make(s.cgroupRoot, spec.id, {
+      ...limits,
+      pids: hostLimits(s).pidsMax,
+      guestOwner: hostId,
+      disk: {
+        device,
+        bytesPerSecond: limits.vcpus * s.diskBytesPerSecondPerVcpu,
+        opsPerSecond: limits.vcpus * s.diskOpsPerSecondPerVcpu,
+      },
+    })
 
-    step = "start"
+    step = "container"
+    const cpus = cpusOf(limits.vcpus, net.slot)
+    writeFileSync(
+      join(dir, "config.json"),
+      JSON.stringify(
+        Oci.configOf({
+          id: spec.id,
+          hostId,
+          cgroupsPath: `/hangar/${spec.id}`,
+          guestMemoryCgroup: Cgroups.guestGroupOf(s.cgroupRoot, spec.id),
+          shmBytes: Math.floor(limits.memoryBytes / 2),
+          seccomp: Oci.seccompFromFile(s.seccompProfile),
+          ...((await Lxcfs.ensure()) ? { lxcfs: { mount: Lxcfs.MOUNT, procFiles: Lxcfs.procFiles } } : {}),
+          ...(cpus === undefined ? {} : { cpus }),
+          args: ["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"],
+        }),
+      ),
+    )
     const log = openSync(join(dir, "machine.log"), "a")
-    const child = spawn("/bin/sh", ["-c", launcher], {
-      detached: true,
+    const launched = spawn("/bin/sh", ["-c", launcher], {
       stdio: ["ignore", log, log],
       env: {
         PATH: "/usr/sbin:/usr/bin:/sbin:/bin",
-        HG_CGROUPS: Cgroups.controllers.map((c) => Cgroups.groupOf(s.cgroupRoot, c, spec.id)).join(" "),
-        HG_NETNS: net.netns,
+        HG_ID: spec.id,
         HG_BASE: spec.base,
         HG_DIR: dir,
-        HG_GUEST_CGROUP: Cgroups.guestGroupOf(s.cgroupRoot, spec.id),
+        HG_LOOP: loop,
+        HG_HOST_ID: String(hostId),
+        HG_IDMAP: idmapMount,
+        HG_CRUN: s.crun,
+        HG_CRUN_ROOT: crunRoot(s),
       },
     })
     closeSync(log)
-    child.unref()
-    const pid = child.pid ?? 0
+    const code = await new Promise<number | null>((ok) => {
+      launched.on("error", () => ok(null))
+      launched.on("exit", (c) => ok(c))
+    })
+    if (code !== 0)
+      throw new Error(
+        `crun create failed: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
+      )
+    const pid = Number((await fs.readFile(join(dir, "pid"), "utf8")).trim())
+
+    // The container made its network namespace (owned by its user namespace, so its sysfs shows
+    // its own interfaces only); the veth goes into it before its first program starts.
+    step = "network"
+    await Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
+    step = "policy"
+    await Policy.attach(policy, { iface: net.hostIf, guestAddress: net.guestAddress })
+
+    step = "start"
+    await run(s.crun, ["--root", crunRoot(s), "start", spec.id])
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
     while (!(await tcpOpen(net.guestAddress, 22))) {
       if (!alive(pid) || Date.now() > until) {
-        const tail = await fs.readFile(join(dir, "machine.log"), "utf8").catch(() => "")
+        const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)
       }
       await sleep(3)
@@ -196,7 +357,7 @@ const createNow = async (
       size: spec.size,
       limits,
       ssh: { host: net.guestAddress, port: 22, hostKey: hostPublic },
-      handle: { pid, dir, netns: net.netns, hostIf: net.hostIf, hostAddress: net.hostAddress },
+      handle: { pid, dir, netns: net.netns, hostIf: net.hostIf, hostAddress: net.hostAddress, hostId },
     }
   } catch (e) {
     const detail = e instanceof Error ? e.message : String(e)

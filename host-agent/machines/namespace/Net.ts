@@ -67,9 +67,22 @@ export const release = async (runDir: string, id: string): Promise<void> => {
   await fs.rm(byId, { force: true })
 }
 
-/** Makes the netns and the veth pair, addressed and up, with a default route to the host side. */
-export const up = async (n: NetLease): Promise<void> => {
-  await run("ip", ["netns", "add", n.netns])
+/** The token-bucket qdisc that holds a device to `bytesPerSecond` (tc's `bps` is bytes per second). */
+const shape = (dev: string, bytesPerSecond: number) =>
+  `qdisc replace dev ${dev} root tbf rate ${bytesPerSecond}bps burst ${Math.max(65536, Math.ceil(bytesPerSecond / 50))} latency 50ms`
+
+/**
+ * Makes the netns (or names the one process `pid` is in) and the veth pair, addressed and up,
+ * with a default route to the host side. With `bytesPerSecond`, each direction is shaped to it:
+ * traffic to the machine on the host end, traffic from it on its own end (the machine has no
+ * `CAP_NET_ADMIN`, so it cannot lift it).
+ */
+export const up = async (
+  n: NetLease,
+  options: { readonly pid?: number; readonly bytesPerSecond?: number } = {},
+): Promise<void> => {
+  const { pid, bytesPerSecond } = options
+  await run("ip", pid === undefined ? ["netns", "add", n.netns] : ["netns", "attach", n.netns, String(pid)])
   await run("ip", ["-batch", "-"], {
     input: [
       `link add ${n.hostIf} type veth peer name eth0 netns ${n.netns}`,
@@ -85,6 +98,18 @@ export const up = async (n: NetLease): Promise<void> => {
       `route add default via ${n.hostAddress}`,
     ].join("\n"),
   })
+  // The machine has no raw sockets (no `CAP_NET_RAW`): let it ping with ICMP datagram sockets.
+  await run("nsenter", [
+    `--net=/run/netns/${n.netns}`,
+    "sysctl",
+    "-q",
+    "-w",
+    "net.ipv4.ping_group_range=0 2147483647",
+  ])
+  if (bytesPerSecond !== undefined) {
+    await run("tc", ["-batch", "-"], { input: shape(n.hostIf, bytesPerSecond) })
+    await run("tc", ["-n", n.netns, "-batch", "-"], { input: shape("eth0", bytesPerSecond) })
+  }
 }
 
 /** Removes the veth pair and the netns of machine `id`; missing parts are fine. */

@@ -28,9 +28,10 @@ export const leftovers = async (id: string): Promise<Array<string>> => {
   const found: Array<string> = []
   const dir = join(s.machinesDir, id)
   if (await exists(dir)) found.push(`folder ${dir}`)
-  for (const c of Cgroups.controllers) {
+  for (const c of await Cgroups.hierarchies(s.cgroupRoot)) {
     if (await exists(Cgroups.groupOf(s.cgroupRoot, c, id))) found.push(`cgroup ${c}/hangar/${id}`)
   }
+  if (await exists(join(s.runDir, "crun", id))) found.push("crun state")
   const links = await run("ip", ["-o", "link", "show"])
   if (links.includes(Net.hostIfOf(id))) found.push(`veth ${Net.hostIfOf(id)}`)
   if ((await run("ip", ["netns", "list"])).includes(Net.netnsOf(id))) found.push(`netns ${Net.netnsOf(id)}`)

@@ -17,14 +17,14 @@ const exists = (path: string) =>
     () => false,
   )
 
-const mkfs = (image: string, extra: ReadonlyArray<string>) =>
+const mkfs = (image: string, extra: ReadonlyArray<string>, extended: ReadonlyArray<string> = []) =>
   run("mkfs.ext4", [
     "-q",
     "-F",
     "-m",
     "0",
     "-E",
-    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+    ["lazy_itable_init=1", "lazy_journal_init=1", "nodiscard", ...extended].join(","),
     ...extra,
     image,
   ])
@@ -68,8 +68,19 @@ export const baseImage = async (cacheDir: string, rootfs: string, headroomBytes:
 export const overlay = (path: string, base: string) =>
   run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, path])
 
-/** An empty ext4 `/workspace` disk of `bytes` at `path` (sparse: only what is written takes space). */
-export const workspace = async (path: string, bytes: number) => {
+/**
+ * An ext4 disk of `bytes` at `path` (sparse: only what is written takes space), empty or holding a
+ * copy of the folder `seed`, its root owned by `owner` (a machine's root on the host) when given.
+ */
+export const workspace = async (
+  path: string,
+  bytes: number,
+  options: { readonly seed?: string; readonly owner?: number } = {},
+) => {
   await sparseFile(path, bytes)
-  await mkfs(path, ["-L", "workspace"])
+  await mkfs(
+    path,
+    ["-L", "workspace", ...(options.seed === undefined ? [] : ["-d", options.seed])],
+    options.owner === undefined ? [] : [`root_owner=${options.owner}:${options.owner}`],
+  )
 }

@@ -61,6 +61,8 @@ i=0; while ! dev_of root >/dev/null || ! dev_of workspace >/dev/null; do i=$((i+
 mount -t ext4 "$(dev_of root)" /newroot || fail "mount root"
 mkdir -p /newroot/workspace
 mount -t ext4 "$(dev_of workspace)" /newroot/workspace || fail "mount workspace"
+# Every machine starts with an empty input and output folder, agent or not.
+mkdir -p /newroot/workspace/in /newroot/workspace/out
 hostname machine
 for w in $(cat /proc/cmdline); do case "$w" in hangar.ip=*) ip_cidr=\${w#hangar.ip=};; hangar.gw=*) gw=\${w#hangar.gw=};; esac; done
 [ -n "$ip_cidr" ] && [ -n "$gw" ] || fail "no hangar.ip or hangar.gw on the kernel command line"
