@@ -14,6 +14,11 @@ export default defineConfig({
     reporters: ["default"],
     // No machine made by a test (in the test process or in a role it starts) has a way to a real
     // network: a deployed host agent lets machines out by the host's default route, tests never.
-    env: { HANGAR_MACHINE_UPLINKS: "none", HANGAR_MACHINE_MASQUERADE: "false" },
+    // Many 16 GiB machines share a small CI disk (see testDriverSettings).
+    env: {
+      HANGAR_MACHINE_UPLINKS: "none",
+      HANGAR_MACHINE_MASQUERADE: "false",
+      HANGAR_MACHINE_DISK_OVERCOMMIT: "16",
+    },
   },
 })

@@ -13,8 +13,8 @@ import { Effect } from "effect"
 import { ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
 import { type MachineDriverService, scopedOn } from "../host-agent/machines/MachineDriver.ts"
-import { make, NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
-import { newKeys, testId } from "../host-agent/machines/namespace/testing.ts"
+import { make } from "../host-agent/machines/namespace/NamespaceDriver.ts"
+import { newKeys, testDriverSettings, testId } from "../host-agent/machines/namespace/testing.ts"
 import { bwrapBaseline } from "./bwrap-baseline.ts"
 
 const machines = Number(process.argv[2] ?? 10)
@@ -94,7 +94,7 @@ const measure = (label: string, driver: MachineDriverService) =>
 
 const program = Effect.gen(function* () {
   const rows = [
-    yield* measure("crun (unprivileged tenant)", make(NamespaceDriverSettings.defaults)),
+    yield* measure("crun (unprivileged tenant)", make(testDriverSettings)),
     yield* measure("bwrap (old driver, root on the host; baseline)", bwrapBaseline),
   ]
   const local: Array<number> = []

@@ -2,12 +2,12 @@ import { Effect, Exit, Fiber, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
 import { scopedOn } from "../machines/MachineDriver.ts"
-import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
-import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
+import { make } from "../machines/namespace/NamespaceDriver.ts"
+import { leftovers, newKeys, testDriverSettings, testId } from "../machines/namespace/testing.ts"
 import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
 import { IMAGE_MAX_BYTES } from "./Images.ts"
 
-const driver = make(NamespaceDriverSettings.defaults)
+const driver = make(testDriverSettings)
 const keys = newKeys()
 const id = testId("guest")
 let scope: Scope.CloseableScope

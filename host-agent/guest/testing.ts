@@ -9,8 +9,8 @@ import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import { layerAll } from "../../test/harness/NatsServer.ts"
 import { ensureTestBase } from "../bases/Bases.ts"
 import { type Machine, type Size, scopedOn } from "../machines/MachineDriver.ts"
-import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
-import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
+import { make, type NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
+import { leftovers, newKeys, testDriverSettings, testId } from "../machines/namespace/testing.ts"
 import { connect, type GuestSession } from "./GuestSession.ts"
 import { BLOCK, header, paxHeader } from "./Tar.ts"
 
@@ -28,7 +28,7 @@ export const testGuest = async (
   settings: Partial<typeof NamespaceDriverSettings.defaults> = {},
 ): Promise<TestGuest> => {
   const base = await ensureTestBase()
-  const driver = make({ ...NamespaceDriverSettings.defaults, ...settings })
+  const driver = make({ ...testDriverSettings, ...settings })
   const keys = newKeys()
   const id = testId(label)
   const scope = Effect.runSync(Scope.make())

@@ -12,12 +12,12 @@ import { connect, type GuestSession } from "../guest/GuestSession.ts"
 import type { Machine } from "../machines/MachineDriver.ts"
 import { run } from "../machines/namespace/exec.ts"
 import { make, NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
-import { leftovers, newKeys, testId } from "../machines/namespace/testing.ts"
+import { leftovers, newKeys, testDriverSettings, testId } from "../machines/namespace/testing.ts"
 import * as Policy from "./Policy.ts"
 import * as Internet from "./testing.ts"
 
 const policy = Policy.PolicySettings.defaults
-const driver = make(NamespaceDriverSettings.defaults)
+const driver = make(testDriverSettings)
 const pool = `${NamespaceDriverSettings.defaults.addressPool.split(".").slice(0, 2).join(".")}.0.0/16`
 const keys = newKeys()
 

@@ -267,6 +267,8 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     // Machines reach no real network (a deployed host agent's default is the default route).
     MACHINE_UPLINKS: "none",
     MACHINE_MASQUERADE: "false",
+    // Many 16 GiB machines on a small CI disk (see testDriverSettings).
+    MACHINE_DISK_OVERCOMMIT: "16",
   }
   for (const [name, variable] of Object.entries(settingNames)) {
     const value = options[name as keyof typeof settingNames]

@@ -363,23 +363,59 @@ except OSError as e:
     expect(pidMax).toBe(4_194_304)
   })
 
-  it("a machine whose full disk the host cannot hold is refused, leaving nothing", async () => {
+  it("a machine whose full disk the host cannot hold, with the others' at full size, is refused, leaving nothing", async () => {
     const base = await ensureTestBase()
     const keys = newKeys()
-    const id = testId("huge")
-    const fs = await statfs(settings.machinesDir)
-    const exit = await Effect.runPromiseExit(
-      make(settings).create({
-        id,
-        size: "s",
-        base: base.rootfs,
-        authorizedKey: keys.client.public,
-        hostKey: keys.host.private,
-        override: { diskBytes: fs.bavail * fs.bsize + 64 * GiB },
-      }),
-    )
-    expect(Exit.isFailure(exit)).toBe(true)
-    expect(String(exit)).toContain("disk room")
-    expect(await leftovers(id)).toEqual([])
+    const free = async () => {
+      const fs = await statfs(settings.machinesDir)
+      return fs.bavail * fs.bsize
+    }
+    const create = (id: string, diskBytes: number) =>
+      Effect.runPromiseExit(
+        // The deployed defaults: every sparse image counts at its full size.
+        make(settings).create({
+          id,
+          size: "s",
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          override: { diskBytes },
+        }),
+      )
+    // More than the free space alone: refused.
+    const huge = testId("huge")
+    const refused = await create(huge, (await free()) + 64 * GiB)
+    expect(Exit.isFailure(refused)).toBe(true)
+    expect(String(refused)).toContain("disk room")
+    expect(await leftovers(huge)).toEqual([])
+    // A machine holding 60% of the free space (sparse: it takes almost nothing yet) leaves no
+    // room for another 60% one, though the disk is still nearly empty.
+    const big = await testGuest("big", { diskBytes: Math.floor((await free()) * 0.6) })
+    try {
+      const second = testId("second")
+      const tooMuch = await create(second, Math.floor((await free()) * 0.6))
+      expect(Exit.isFailure(tooMuch)).toBe(true)
+      expect(String(tooMuch)).toContain("disk room")
+      expect(await leftovers(second)).toEqual([])
+      // The same machine is admitted where the host may promise its disk 16 times over (as the
+      // tests' hosts do: machines of other test files running beside this one count in full above).
+      const third = testId("third")
+      const overcommitted = make({ ...settings, diskOvercommit: 16 })
+      const fits = await Effect.runPromiseExit(
+        overcommitted.create({
+          id: third,
+          size: "s",
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          override: { diskBytes: Math.floor((await free()) * 0.6) },
+        }),
+      )
+      expect(Exit.isSuccess(fits)).toBe(true)
+      await Effect.runPromise(overcommitted.destroy(third))
+      expect(await leftovers(third)).toEqual([])
+    } finally {
+      expect(await big.close()).toEqual([])
+    }
   })
 })

@@ -3,10 +3,10 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
-import { make, NamespaceDriverSettings } from "./NamespaceDriver.ts"
-import { leftovers, newKeys, testId } from "./testing.ts"
+import { make } from "./NamespaceDriver.ts"
+import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
-const driver = make(NamespaceDriverSettings.defaults)
+const driver = make(testDriverSettings)
 const keys = newKeys()
 let base: Base
 
