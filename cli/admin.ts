@@ -4,7 +4,9 @@
  * `nats://127.0.0.1:4222`) and storage (`HANGAR_STORAGE_PREFIX`), and mint tokens with the local
  * issuer's key in the data folder (`HANGAR_OIDC_KEY_FILE`, default `.data/issuer.key`).
  *
- *   hangar admin create-account --name NAME --owner EMAIL   → {account, owner}
+ *   hangar admin create-account --name NAME --owner EMAIL [--credit-usd N]
+ *                                                   → {account, owner[, credit: {entry, balance_usd_nanos}]}
+ *     (N > 0 in dollars: the new account's first `adjustment` ledger entry)
  *   hangar admin token --email EMAIL                        → {token}
  *   hangar admin suspend --account ID                       → {account}
  *   hangar admin reactivate --account ID                    → {account}
@@ -26,7 +28,7 @@ import { AccountId } from "../schema/Ids.ts"
 
 /** Usage of the admin commands. */
 export const usage = `usage:
-  hangar admin create-account --name NAME --owner EMAIL
+  hangar admin create-account --name NAME --owner EMAIL [--credit-usd N]
   hangar admin token --email EMAIL
   hangar admin suspend --account ID
   hangar admin reactivate --account ID
@@ -34,17 +36,22 @@ export const usage = `usage:
 
 class UsageError extends Error {}
 
-const flags = (args: ReadonlyArray<string>, allowed: ReadonlyArray<string>): Record<string, string> => {
+const flags = (
+  args: ReadonlyArray<string>,
+  required: ReadonlyArray<string>,
+  optional: ReadonlyArray<string> = [],
+): Record<string, string> => {
   const out: Record<string, string> = {}
   for (let i = 0; i < args.length; i += 2) {
     const name = args[i]!
     const value = args[i + 1]
-    if (!name.startsWith("--") || !allowed.includes(name.slice(2)))
+    if (!name.startsWith("--") || ![...required, ...optional].includes(name.slice(2)))
       throw new UsageError(`unknown argument: ${name}`)
     if (value === undefined) throw new UsageError(`${name} needs a value`)
+    if (out[name.slice(2)] !== undefined) throw new UsageError(`${name} is given twice`)
     out[name.slice(2)] = value
   }
-  for (const a of allowed) if (out[a] === undefined) throw new UsageError(`--${a} is required`)
+  for (const a of required) if (out[a] === undefined) throw new UsageError(`--${a} is required`)
   return out
 }
 
@@ -65,15 +72,15 @@ const withStore = <A, E>(f: (accounts: Context) => Effect.Effect<A, E>) =>
   Effect.flatMap(Accounts, f).pipe(Effect.provide(storeLayer))
 type Context = Effect.Effect.Success<typeof Accounts>
 
-/** Dollars as written (`12`, `-0.5`, `3.000000001`) → integer nanodollars, exactly. */
-export const usdToNanos = (value: string): number => {
+/** Dollars as written (`12`, `-0.5`, `3.000000001`) → integer nanodollars, exactly; `flag` names the argument in refusals. */
+export const usdToNanos = (value: string, flag = "--usd"): number => {
   const m = /^(-?)(\d+)(?:\.(\d{1,9}))?$/.exec(value.trim())
-  if (m === null) throw new UsageError(`--usd must be a dollar amount with at most 9 decimals: ${value}`)
+  if (m === null) throw new UsageError(`${flag} must be a dollar amount with at most 9 decimals: ${value}`)
   const nanos = BigInt(m[2]!) * 1_000_000_000n + BigInt((m[3] ?? "").padEnd(9, "0"))
   const signed = m[1] === "-" ? -nanos : nanos
-  if (signed === 0n) throw new UsageError("--usd must not be zero")
+  if (signed === 0n) throw new UsageError(`${flag} must not be zero`)
   if (signed > BigInt(Number.MAX_SAFE_INTEGER) || -signed > BigInt(Number.MAX_SAFE_INTEGER))
-    throw new UsageError(`--usd is too large: ${value}`)
+    throw new UsageError(`${flag} is too large: ${value}`)
   return Number(signed)
 }
 
@@ -122,16 +129,35 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
   const [command, ...rest] = args
   switch (command) {
     case "create-account": {
-      const f = flags(rest, ["name", "owner"])
+      const f = flags(rest, ["name", "owner"], ["credit-usd"])
       const name = f.name!.trim()
       if (name === "") throw new UsageError("--name must not be empty")
       const owner = email(f.owner!)
-      return withStore((accounts) =>
-        Effect.map(accounts.createAccount(name, owner), ({ account, owner }) => ({
-          account: { id: account.id, name: account.name, state: account.state },
-          owner,
-        })),
-      )
+      // Checked before anything is made, so a bad amount creates no account.
+      const creditNanos =
+        f["credit-usd"] === undefined ? undefined : usdToNanos(f["credit-usd"], "--credit-usd")
+      if (creditNanos !== undefined && creditNanos < 0)
+        throw new UsageError("--credit-usd must be more than zero")
+      return Effect.gen(function* () {
+        const made = yield* withStore((accounts) => accounts.createAccount(name, owner))
+        const created = {
+          account: { id: made.account.id, name: made.account.name, state: made.account.state },
+          owner: made.owner,
+        }
+        if (creditNanos === undefined) return created
+        const credited = yield* credit(made.account.id, creditNanos).pipe(
+          Effect.mapError(
+            (e) =>
+              new Error(
+                `account ${made.account.id} was created, but its credit was not: ${e instanceof Error ? e.message : String(e)}; run \`hangar admin credit --account ${made.account.id} --usd ${f["credit-usd"]}\``,
+              ),
+          ),
+        )
+        return {
+          ...created,
+          credit: { entry: credited.entry, balance_usd_nanos: credited.balance_usd_nanos },
+        }
+      })
     }
     case "token":
       return token(email(flags(rest, ["email"]).email!))

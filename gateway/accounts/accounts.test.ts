@@ -95,6 +95,12 @@ describe("keys", () => {
     expect(stored.join(" ")).not.toContain(created.body.token.slice(4))
     const used = await call(b, "GET", "/t/member", { authorization: `Bearer ${created.body.token}` })
     expect(used).toEqual({ status: 200, body: { who: "AccountKey" } })
+    // A people's route refuses the key as the spec says, and tells the caller where keys may go.
+    const refused = await call(b, "GET", "/v1/account", { authorization: `Bearer ${created.body.token}` })
+    expect(refused.status).toBe(403)
+    expect(refused.body.code).toBe("people_only")
+    for (const path of ["/v1/functions", "/v1/runs", "/v1/bases", "/v1/tools"])
+      expect(refused.body.error).toContain(path)
   })
 
   it("revoking through gateway A refuses the very next request on gateway B", async () => {

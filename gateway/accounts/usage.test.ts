@@ -38,9 +38,9 @@ const get = async (path: string, headers = owner): Promise<{ status: number; bod
   return { status: res.status, body: await res.json() }
 }
 
-const credit = async (...args: Array<string>) => {
+const admin = async (...args: Array<string>) => {
   try {
-    const { stdout, stderr } = await exec(process.execPath, [bin, "admin", "credit", ...args], {
+    const { stdout, stderr } = await exec(process.execPath, [bin, "admin", ...args], {
       env,
       timeout: 60_000,
     })
@@ -50,6 +50,7 @@ const credit = async (...args: Array<string>) => {
     return { code: err.code, stdout: err.stdout, stderr: err.stderr }
   }
 }
+const credit = (...args: Array<string>) => admin("credit", ...args)
 
 beforeAll(async () => {
   nats = await startNatsServer()
@@ -97,6 +98,42 @@ describe("usage, balance and webhook key", () => {
     expect(me.status).toBe(200)
     expect(me.body.webhook_public_key).toBe(keys.body.keys[0])
     expect((await get("/v1/webhooks/public-key")).body).toEqual(keys.body)
+  })
+
+  it("create-account --credit-usd makes the account with one adjustment entry; a bad amount makes nothing", async () => {
+    const made = await admin(
+      "create-account",
+      "--name",
+      "funded",
+      "--owner",
+      "funder@example.com",
+      "--credit-usd",
+      "25",
+    )
+    expect(made.code).toBe(0)
+    const out = JSON.parse(made.stdout)
+    expect(out.account).toMatchObject({ name: "funded", state: "active" })
+    expect(out.credit).toMatchObject({
+      balance_usd_nanos: 25_000_000_000,
+      entry: { account: out.account.id, kind: "adjustment", amount_usd_nanos: 25_000_000_000 },
+    })
+    const entries = await run(Ledger.read(out.account.id).pipe(Effect.provide(clientLayer(nats.url, prefix))))
+    expect(entries.map((e) => [e.kind, e.amount_usd_nanos])).toEqual([["adjustment", 25_000_000_000]])
+    const accountsBefore = await run(gateway.accounts.views.accounts.keys(">"))
+    for (const bad of ["0", "-5", "1.0000000001", "ten"]) {
+      const refused = await admin(
+        "create-account",
+        "--name",
+        "nope",
+        "--owner",
+        "nope@example.com",
+        "--credit-usd",
+        bad,
+      )
+      expect({ bad, code: refused.code, stdout: refused.stdout }).toEqual({ bad, code: 2, stdout: "" })
+      expect(refused.stderr).toContain("--credit-usd")
+    }
+    expect(await run(gateway.accounts.views.accounts.keys(">"))).toEqual(accountsBefore)
   })
 
   it("admin credit adds and takes credit; /v1/usage and /v1/account show it", async () => {

@@ -31,6 +31,24 @@ export const accessLabels = [
 /** One access label. */
 export type Access = (typeof accessLabels)[number]
 
+/**
+ * Where account keys may go: the path prefixes of the `member` routes (a test checks it against the
+ * gateway's route table). A key refused with `people_only` is told these.
+ */
+export const keyRoutePrefixes = [
+  "/v1/bases",
+  "/v1/catalog",
+  "/v1/files",
+  "/v1/functions",
+  "/v1/providers",
+  "/v1/runs",
+  "/v1/tools",
+  "/v1/webhooks/public-key",
+] as const
+
+/** The `people_only` refusal of a key, naming the routes a key may use. */
+export const peopleOnlyForKeys = `this route is for people signed in, not account keys; a key may use ${keyRoutePrefixes.slice(0, -1).join(", ")} and ${keyRoutePrefixes.at(-1)}`
+
 /** No credential was asked for. */
 export interface Anyone {
   readonly _tag: "Anyone"

@@ -11,7 +11,14 @@ import { Context, Effect, Layer, Option, Schema } from "effect"
 import { type AccountRecord, Accounts, layer as accountsLayer } from "../../core/Accounts.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId } from "../../schema/Ids.ts"
-import type { Access, AccountKey, AccountPerson, Person, Principal } from "./Access.ts"
+import {
+  type Access,
+  type AccountKey,
+  type AccountPerson,
+  type Person,
+  type Principal,
+  peopleOnlyForKeys,
+} from "./Access.ts"
 import { IdTokens, layer as idTokensLayer } from "./IdTokens.ts"
 import { KeyCache, layer as keyCacheLayer } from "./KeyCache.ts"
 import { hashToken, isKeyToken, sameHash, tokenPrefix } from "./KeyTokens.ts"
@@ -87,7 +94,7 @@ export const make = Effect.gen(function* () {
     const token = bearerOf(headers)
     if (token === undefined) return Effect.fail(unauthenticated)
     if (token.startsWith(tokenPrefix))
-      return Effect.zipRight(keyPrincipal(token), Effect.fail(ApiError.peopleOnly()))
+      return Effect.zipRight(keyPrincipal(token), Effect.fail(ApiError.peopleOnly(peopleOnlyForKeys)))
     return personOf(token)
   }
 
@@ -103,7 +110,7 @@ export const make = Effect.gen(function* () {
       if (token.startsWith(tokenPrefix)) {
         const principal = yield* keyPrincipal(token)
         if (access === "signed in" || access === "person" || access === "owner")
-          return yield* Effect.fail(ApiError.peopleOnly())
+          return yield* Effect.fail(ApiError.peopleOnly(peopleOnlyForKeys))
         if (access === "member (admin keys)" && principal.key.scope !== "admin")
           return yield* Effect.fail(ApiError.keyScope())
         // A key carries its account; naming another one is asking for an account it is not in.
