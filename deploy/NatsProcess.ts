@@ -214,7 +214,13 @@ export const start = (
     const child = yield* Effect.acquireRelease(
       Effect.try({
         try: () => {
-          const spawned = spawn(binary, ["-c", configPath], { stdio: ["ignore", "ignore", "pipe"] })
+          // Its own process group: a terminal's Ctrl-C (SIGINT to the whole foreground group)
+          // must not stop it before the roles that use it have shut down; it is stopped last,
+          // when its scope closes (or by the exit hook and the watchdog when this process dies).
+          const spawned = spawn(binary, ["-c", configPath], {
+            stdio: ["ignore", "ignore", "pipe"],
+            detached: true,
+          })
           running.set(spawned, runDir)
           if (spawned.pid !== undefined) {
             const pid = spawned.pid

@@ -12,6 +12,9 @@ import { jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { root } from "../deploy/tools.mjs"
+import { type Base, ensureTestBase } from "../host-agent/bases/Bases.ts"
+import { leftovers } from "../host-agent/machines/namespace/testing.ts"
+import { machineIdOf } from "./harness/Stack.ts"
 
 interface Started {
   readonly child: ChildProcess
@@ -22,8 +25,11 @@ interface Started {
 
 const bin = join(root, "cli", "bin.js")
 
-const start = (dataDir: string): Started => {
+// `detached`: the process leads its own process group, as a terminal's foreground job does, so the
+// test can signal the whole group the way Ctrl-C does.
+const start = (dataDir: string, detached = false): Started => {
   const child = spawn(process.execPath, [bin, "serve", "all"], {
+    detached,
     env: {
       ...process.env,
       HANGAR_DATA_DIR: dataDir,
@@ -83,10 +89,15 @@ describe("hangar serve all", () => {
   let api: string
   let natsUrl: string
   let natsPid: number
+  let base: Base
+  let token: string
+  let account: string
 
   beforeAll(async () => {
+    // The host agent offers the bases on this host's disk; the run below uses the test base.
+    base = await ensureTestBase()
     dataDir = await mkdtemp(join(tmpdir(), "hangar-serve-"))
-    first = start(dataDir)
+    first = start(dataDir, true)
     const nats = await waitFor(
       "nats-server",
       () => first.lines.find((l) => l.msg === "local nats-server started"),
@@ -122,7 +133,7 @@ describe("hangar serve all", () => {
   it("creates a first account and prints how to get its owner's token, which works", async () => {
     const created = first.lines.find((l) => l.msg === "first account created")
     expect(created?.owner).toBe("owner@hangar.local")
-    const account = String(created?.account)
+    account = String(created?.account)
     expect(first.stdout()).toContain(`first account ${account}, owned by owner@hangar.local`)
     expect(first.stdout()).toContain("npx hangar admin token --email owner@hangar.local")
     const minted = spawnSync(process.execPath, [bin, "admin", "token", "--email", "owner@hangar.local"], {
@@ -130,7 +141,7 @@ describe("hangar serve all", () => {
       encoding: "utf8",
     })
     expect(minted.status).toBe(0)
-    const { token } = JSON.parse(minted.stdout) as { token: string }
+    token = (JSON.parse(minted.stdout) as { token: string }).token
     const res = await fetch(`${api}/v1/account`, {
       headers: { authorization: `Bearer ${token}`, "service-account": account },
     })
@@ -168,11 +179,63 @@ describe("hangar serve all", () => {
     expect(res.status).toBe(200)
   })
 
-  it("SIGINT stops every part: the process exits 0, nats-server is gone, the lock is released", async () => {
-    first.child.kill("SIGINT")
+  it("Ctrl-C (SIGINT to the whole process group) with a run on a machine stops every part at once and leaves nothing", async () => {
+    const headers = {
+      authorization: `Bearer ${token}`,
+      "service-account": account,
+      "content-type": "application/json",
+    }
+    const env = { ...process.env, HANGAR_DATA_DIR: dataDir, HANGAR_NATS_URL: natsUrl }
+    expect(
+      spawnSync(process.execPath, [bin, "admin", "credit", "--account", account, "--usd", "5"], { env })
+        .status,
+    ).toBe(0)
+    const fn = await fetch(`${api}/v1/functions`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({
+        name: "ctrl-c",
+        system_prompt: "x",
+        provider: "none",
+        base: base.name,
+        size: "s",
+        output_manifest: [{ path: "r.txt" }],
+      }),
+    })
+    expect(fn.status).toBe(201)
+    const fnId = ((await fn.json()) as { function: string }).function
+    const started = await fetch(`${api}/v1/functions/${fnId}/runs`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ prompt: "go" }),
+    })
+    expect(started.status).toBe(201)
+    const run = ((await started.json()) as { id: string }).id
+    // Running, with a machine and a command still going.
+    for (let i = 0; ; i++) {
+      const r = (await (await fetch(`${api}/v1/runs/${run}`, { headers })).json()) as { state: string }
+      if (r.state === "running") break
+      if (i > 600) throw new Error(`run never ran: ${JSON.stringify(r)}`)
+      await new Promise((res) => setTimeout(res, 50))
+    }
+    const cmd = await fetch(`${api}/v1/runs/${run}/commands`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ kind: "bash", arguments: { command: "sleep 600" } }),
+    })
+    expect(cmd.status).toBeLessThan(300)
+    expect(await leftovers(machineIdOf(run))).not.toEqual([])
+
+    const t0 = performance.now()
+    process.kill(-first.child.pid!, "SIGINT")
     expect(await exited(first.child)).toBe(0)
+    const seconds = (performance.now() - t0) / 1000
+    console.log(`Ctrl-C to exit: ${seconds.toFixed(2)} s`)
+    // nats-server was outside the group: still serving while the roles shut down, then stopped.
+    expect(first.stderr()).not.toMatch(/partition release failed|timed out/i)
     expect(alive(natsPid)).toBe(false)
     expect(existsSync(join(dataDir, "hangar.lock"))).toBe(false)
     await expect(fetch(`${api}/v1/health`)).rejects.toThrow()
+    expect(await leftovers(machineIdOf(run))).toEqual([])
   })
 })
