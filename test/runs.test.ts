@@ -268,6 +268,32 @@ describe("a run from publish to output", () => {
     expect(spawnSync("tar", ["-xzO", "-f", "-"], { input: archive.data }).stdout.toString()).toBe("late\n")
   }, 120_000)
 
+  it("an agentless run has an empty /workspace/out (and /workspace/in) from its first command, input or not", async () => {
+    const fn = await publish(stack, acct, { output_manifest: [{ path: "result.txt" }] })
+    const withInput = await startRun(stack, acct, fn.function, {
+      input: await upload(stack, acct, tarGz([{ path: "data.txt", content: "hello\n" }])),
+    })
+    // The caller's first command writes straight into /workspace/out: no mkdir needed.
+    const first = await command(stack, acct, withInput.id, "bash", {
+      command:
+        "ls -A /workspace/out | wc -l; tr a-z A-Z < /workspace/in/data.txt > /workspace/out/result.txt",
+    })
+    expect(first, JSON.stringify(first)).toMatchObject({
+      state: "succeeded",
+      result: { exit_code: 0, output: "0\n" },
+    })
+    const finished = await command(stack, acct, withInput.id, "finish", { state: "succeeded" })
+    expect(finished.state, JSON.stringify(finished)).toBe("succeeded")
+    expect((await waitRun(stack, acct, withInput.id)).state).toBe("succeeded")
+
+    const without = await startRun(stack, acct, fn.function)
+    const listed = await command(stack, acct, without.id, "list", { path: "/workspace/out" })
+    expect(listed, JSON.stringify(listed)).toMatchObject({ state: "succeeded", result: { entries: [] } })
+    const inListed = await command(stack, acct, without.id, "list", { path: "/workspace/in" })
+    expect(inListed, JSON.stringify(inListed)).toMatchObject({ state: "succeeded", result: { entries: [] } })
+    await command(stack, acct, without.id, "finish", { state: "failed", detail: "done looking" })
+  })
+
   it("GET /v1/functions shows each function's newest run, as GET /v1/runs/{id} does", async () => {
     const fn = await publish(stack, acct, { name: "with-last" })
     const other = await publish(stack, acct, { name: "never-run" })
