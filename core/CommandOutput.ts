@@ -16,7 +16,7 @@ import { Effect, Option, Stream } from "effect"
 import type { CommandOutput } from "../schema/Command.ts"
 import { attempt, Nats, NatsError } from "./Nats.ts"
 import { Storage } from "./Storage.ts"
-import { getMessage, readSubject, type StoredMessage } from "./StreamRead.ts"
+import { dropConsumer, getMessage, readSubject, type StoredMessage } from "./StreamRead.ts"
 
 /** Most output bytes one read returns: 512 KiB. */
 export const READ_MAX_BYTES = 512 * 1024
@@ -172,7 +172,11 @@ export const awaitOutputAfter = (
       const messages = yield* Effect.acquireRelease(
         attempt(`consume ${stream}`, () => consumer.consume({ max_messages: 1 })),
         // `stop`, not `close`: close waits for the iterator to be read to its end.
-        (m) => Effect.sync(() => m.stop()),
+        (m) =>
+          Effect.zipRight(
+            Effect.sync(() => m.stop()),
+            dropConsumer(consumer),
+          ),
       )
       // Not `Stream.fromAsyncIterable`, whose release awaits the pending `next()` (see Consumer.ts).
       const iterator = messages[Symbol.asyncIterator]()

@@ -152,6 +152,9 @@ const isConflict = (error: NatsError): boolean => {
   )
 }
 
+// Subjects asked for at once in one batched direct get (the server answers at most 1,024).
+const KEYS_BATCH = 512
+
 const includeOf: Record<NonNullable<WatchOptions["include"]>, KvWatchInclude> = {
   last: "",
   updates: "updates",
@@ -225,10 +228,12 @@ export const make = <A, I>(
   schema: Schema.Schema<A, I>,
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
   Effect.gen(function* () {
-    const { js, connection, requests } = yield* Nats
+    const { js, jsm, connection, requests } = yield* Nats
     const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const { encodeJson, decodeJson } = codecsOf(schema)
     const textDecoder = new TextDecoder()
+    const streamName = `KV_${bucket}`
+    const subjectPrefix = `$KV.${bucket}.`
 
     const encode = (key: string, value: A): Either.Either<string, KvValueInvalid> =>
       Either.mapLeft(
@@ -320,11 +325,23 @@ export const make = <A, I>(
         kv.delete(key, options?.revision === undefined ? undefined : { previousSeq: options.revision }),
       ).pipe(Effect.catchAll(conflictOr(key, options?.revision ?? 0)))
 
+    // No consumer: the client's `keys()` makes a push consumer per call that the server keeps for
+    // minutes after, so a burst of listings filled the server's consumer limit for everyone. The
+    // stream's subject list (stream info) names every key ever written and not purged away; a
+    // batched direct get of each one's last message tells which are deleted (its header says so).
     const keys: Kv<A>["keys"] = (filter = ">") =>
       attempt(`kv.keys ${bucket}`, async () => {
+        const info = await jsm.streams.info(streamName, { subjects_filter: `${subjectPrefix}${filter}` })
+        const subjects = Object.keys(info.state.subjects ?? {})
         const out: Array<string> = []
-        for await (const k of await kv.keys(filter)) out.push(k)
-        return out
+        for (let i = 0; i < subjects.length; i += KEYS_BATCH) {
+          const batch = subjects.slice(i, i + KEYS_BATCH)
+          for await (const m of await jsm.direct.getLastMessagesFor(streamName, { multi_last: batch })) {
+            const op = m.header?.get("KV-Operation")
+            if (op !== "DEL" && op !== "PURGE") out.push(m.subject.slice(subjectPrefix.length))
+          }
+        }
+        return out.sort()
       })
 
     const openWatch = (filter: string, options: WatchOptions) =>

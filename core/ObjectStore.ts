@@ -13,6 +13,7 @@ import { Base64UrlPaddedCodec, Objm } from "@nats-io/obj"
 import { headers } from "@nats-io/transport-node"
 import { Data, Effect, Option, Stream } from "effect"
 import { attempt, Nats, NatsError } from "./Nats.ts"
+import { dropConsumer } from "./StreamRead.ts"
 
 /** What the store knows of one object. */
 export interface ObjectInfo {
@@ -238,7 +239,8 @@ export const make = (bucket: string): Effect.Effect<ObjectStore, NatsError, Nats
           )
           const messages = yield* Effect.acquireRelease(
             attempt(`obj.get ${bucket}`, () => consumer.consume({ max_messages: READ_AHEAD })),
-            (m) => Effect.promise(() => m.close()).pipe(Effect.ignore),
+            (m) =>
+              Effect.promise(() => m.close()).pipe(Effect.ignore, Effect.zipRight(dropConsumer(consumer))),
           )
           return Stream.fromAsyncIterable(
             messages,

@@ -2,9 +2,10 @@
  * Reading stored messages of one subject of a JetStream stream, for readers that page through a
  * subject by sequence (command output). Single messages come from the stream's message-get API
  * (which, unlike direct get, needs no `allow_direct` on the stream); runs of messages come from an
- * ordered consumer started at a sequence, which the server deletes once it is idle.
+ * ordered consumer started at a sequence, deleted as soon as the read ends (`dropConsumer`): the
+ * server would keep an idle one for 5 minutes, and a burst of reads would fill its consumer limit.
  */
-import { DeliverPolicy, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream"
+import { type Consumer, DeliverPolicy, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream"
 import type { MsgHdrs } from "@nats-io/transport-node"
 import { Effect, Option, Stream } from "effect"
 import { attempt, Nats, NatsError } from "./Nats.ts"
@@ -18,6 +19,20 @@ export interface StoredMessage {
   /** A header's first value. */
   readonly header: (name: string) => string | undefined
 }
+
+/**
+ * Deletes an ordered consumer on the server once its reader is done, without waiting for the
+ * answer (the reader's caller is not held up) and without failing (one the server already dropped,
+ * or never made, is fine).
+ */
+export const dropConsumer = (consumer: Consumer): Effect.Effect<void> =>
+  Effect.sync(() => {
+    try {
+      consumer.delete().catch(() => undefined)
+    } catch {
+      // never created on the server: nothing to delete
+    }
+  })
 
 /** Which message to get: the last one on `subject`, or the first one on `subject` at or after `seq`. */
 export type MessageQuery = { readonly lastOf: string } | { readonly nextOf: string; readonly seq: number }
@@ -89,7 +104,7 @@ export const readSubject = (
                   () => undefined,
                   () => undefined,
                 ),
-              ),
+              ).pipe(Effect.zipRight(dropConsumer(consumer))),
           )
           return Stream.fromAsyncIterable(
             messages,
