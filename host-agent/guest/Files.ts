@@ -141,12 +141,15 @@ export const read = (sftp: SFTPWrapper, args: ReadArgs): Promise<ReadResult> =>
     return { output: await readLines(sftp, path, offset, limit) }
   })
 
-// Streams the file and stops once the requested lines (or the byte cap) are in.
+// Streams the file and stops once the requested lines (or the byte cap) are in. Each line keeps
+// its own ending, so the answer is the file's bytes from line `offset` on (a trailing newline, a
+// `\r\n`, a last line without one all come back as they are).
 const readLines = (sftp: SFTPWrapper, path: string, offset: number, limit: number) =>
   new Promise<string>((ok, fail) => {
     const stream = sftp.createReadStream(path)
     const decoder = new TextDecoder("utf-8", { fatal: false })
     const out: Array<string> = []
+    let taken = 0
     let line = 1
     let partial = ""
     let bytes = 0
@@ -155,22 +158,24 @@ const readLines = (sftp: SFTPWrapper, path: string, offset: number, limit: numbe
       if (done) return
       done = true
       stream.destroy()
-      ok(out.join("\n"))
+      ok(out.join(""))
     }
     const take = (text: string) => {
-      if (line >= offset && out.length < limit) {
+      if (line >= offset && taken < limit) {
         out.push(text)
-        bytes += Buffer.byteLength(text) + 1
-        if (bytes > READ_MAX_BYTES) out.push(`[... read stops at ${READ_MAX_BYTES} bytes ...]`)
+        taken++
+        bytes += Buffer.byteLength(text)
+        if (bytes > READ_MAX_BYTES)
+          out.push(`${text.endsWith("\n") ? "" : "\n"}[... read stops at ${READ_MAX_BYTES} bytes ...]\n`)
       }
       line++
-      if (out.length >= limit || bytes > READ_MAX_BYTES) finish()
+      if (taken >= limit || bytes > READ_MAX_BYTES) finish()
     }
     stream.on("data", (chunk: Buffer) => {
       if (done) return
       const parts = (partial + decoder.decode(chunk, { stream: true })).split("\n")
       partial = parts.pop() ?? ""
-      for (const p of parts) if (!done) take(p)
+      for (const p of parts) if (!done) take(`${p}\n`)
     })
     stream.on("end", () => {
       if (done) return

@@ -170,10 +170,20 @@ describe("bash", () => {
 describe("read", () => {
   it("returns lines from offset (counting from 1) up to limit, relative to /workspace", async () => {
     await run(guest.write({ file_path: "lines.txt", content: "l1\nl2\nl3\nl4\n" }))
-    expect(await run(guest.read({ file_path: "lines.txt" }))).toEqual({ output: "l1\nl2\nl3\nl4" })
+    // The file's bytes, nothing added or removed: its trailing newline comes back.
+    expect(await run(guest.read({ file_path: "lines.txt" }))).toEqual({ output: "l1\nl2\nl3\nl4\n" })
     expect(await run(guest.read({ file_path: "/workspace/lines.txt", offset: 2, limit: 2 }))).toEqual({
-      output: "l2\nl3",
+      output: "l2\nl3\n",
     })
+    expect(await run(guest.read({ file_path: "lines.txt", offset: 4 }))).toEqual({ output: "l4\n" })
+    expect(await run(guest.read({ file_path: "lines.txt", offset: 5 }))).toEqual({ output: "" })
+    // No newline at the end, CRLF endings, blank lines and an empty file, each as they are.
+    for (const content of ["a\nb", "a\r\nb\r\n", "\n\nx\n\n", "", "\n", "ü€\n𝄞"]) {
+      await run(guest.write({ file_path: "exact.txt", content }))
+      expect(await run(guest.read({ file_path: "exact.txt" })), JSON.stringify(content)).toEqual({
+        output: content,
+      })
+    }
     expect(await run(guest.read({ file_path: "missing.txt" }))).toEqual({
       error: "/workspace/missing.txt: no such file or folder",
     })

@@ -73,7 +73,7 @@ it("boots a machine on its tap network whose sshd runs commands and files on its
         expect(disk).toBe(256 * MiB)
 
         expect(yield* guest.write({ file_path: "notes/a.txt", content: "one\ntwo\n" })).toEqual({ bytes: 8 })
-        expect(yield* guest.read({ file_path: "/workspace/notes/a.txt" })).toEqual({ output: "one\ntwo" })
+        expect(yield* guest.read({ file_path: "/workspace/notes/a.txt" })).toEqual({ output: "one\ntwo\n" })
 
         // The host's policy applies to the tap: a listener on the host's side of it is not reachable
         // from the machine (a machine never reaches the host), while the host reaches the guest.
