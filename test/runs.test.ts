@@ -44,7 +44,12 @@ let stack: Stack
 let acct: TestAccount
 
 beforeAll(async () => {
-  stack = await startStack({ minuteMs: MINUTE_MS, queueTimeoutMs: 120_000, logFlushMs: 500 })
+  stack = await startStack({
+    minuteMs: MINUTE_MS,
+    queueTimeoutMs: 120_000,
+    logFlushMs: 500,
+    settings: { RUN_FINISH_WAIT_MS: 2_000 },
+  })
   acct = await createAccount(stack, { creditUsd: 100 })
 }, 120_000)
 
@@ -266,6 +271,39 @@ describe("a run from publish to output", () => {
     expect(Date.parse(done.ended_at)).toBeGreaterThanOrEqual(Date.parse(bash.ended_at))
     const archive = await request(ended.output.url)
     expect(spawnSync("tar", ["-xzO", "-f", "-"], { input: archive.data }).stdout.toString()).toBe("late\n")
+  }, 120_000)
+
+  it("a long command does not hold a finish: the run ends within the finish wait and the command is cancelled", async () => {
+    const fn = await publish(stack, acct)
+    const run = (await startRun(stack, acct, fn.function)).id
+    const written = await command(stack, acct, run, "write", {
+      file_path: "out/result.txt",
+      content: "done\n",
+    })
+    expect(written.state).toBe("succeeded")
+    const long = expectStatus(
+      await sendCommandAnswer(stack, acct, run, "bash", { command: "echo started; sleep 600; echo never" }),
+      201,
+      "bash",
+    )
+    for (let i = 0; ; i++) {
+      const seen = await call(stack, "GET", `/v1/runs/${run}/commands/${long.id}`, acct.admin)
+      if (seen.body?.state === "running") break
+      if (i > 300) throw new Error(`the sleep never ran: ${JSON.stringify(seen.body)}`)
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    const finish = expectStatus(
+      await sendCommandAnswer(stack, acct, run, "finish", { state: "succeeded" }),
+      201,
+      "finish",
+    )
+    // The finish is judged after the wait (2 s here), not after the sleep's 600 s (the test's
+    // own time-out is shorter than that).
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
+    expect(ended.state, JSON.stringify(ended)).toBe("succeeded")
+    expect((await waitCommand(stack, acct, run, finish.id)).result).toEqual({ accepted: true })
+    const sleeper = await waitCommand(stack, acct, run, long.id)
+    expect(sleeper.state, JSON.stringify(sleeper)).toBe("cancelled")
   }, 120_000)
 
   it("an agentless run has an empty /workspace/out (and /workspace/in) from its first command, input or not", async () => {

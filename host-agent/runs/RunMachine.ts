@@ -34,6 +34,7 @@ import {
   Clock,
   type Context,
   Deferred,
+  Duration,
   Effect,
   Exit,
   Fiber,
@@ -484,15 +485,21 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             yield* dispatcher.turn(record.sequence)
             yield* markRunning(t)
             const args = record.arguments
-            // Every earlier command has started; an output is judged once they have all ended, so
-            // `[bash writing out/…, finish]` sent together sees what the bash wrote. Giving up
-            // (`failed`) judges nothing and does not wait: the run's end cancels what still runs.
+            // Every earlier command has started; an output is judged once they have all ended, or
+            // after `finishWaitMs` at the latest, so `[bash writing out/…, finish]` sent together
+            // sees what the bash wrote while a long command cannot hold the run. Giving up
+            // (`failed`) judges nothing and does not wait. Either way the run's end cancels what
+            // still runs (command rule 6).
+            const earlier = [...tracked.values()].filter((o) => o.record.sequence < record.sequence)
             if (args.state === "succeeded")
               yield* Effect.forEach(
-                [...tracked.values()].filter((o) => o.record.sequence < record.sequence),
+                earlier,
                 (o) => (o.fiber === undefined ? Effect.void : Fiber.await(o.fiber)),
-                { discard: true },
-              )
+                {
+                  discard: true,
+                },
+              ).pipe(Effect.timeoutOption(Duration.millis(settings.finishWaitMs)))
+            const stillRunning = earlier.filter((o) => !o.done).map((o) => o.record.id)
             if (finished)
               return yield* finishRecord(t, { state: "failed", error: "the run has already finished" })
             if (args.state === "failed") {
@@ -514,6 +521,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
                 state: "succeeded",
                 accepted: false,
                 problems: list,
+                ...(stillRunning.length > 0 ? { still_running: stillRunning } : {}),
               })
               return yield* finishRecord(t, {
                 state: "succeeded",
@@ -538,6 +546,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
               command: record.id,
               state: "succeeded",
               accepted: true,
+              ...(stillRunning.length > 0 ? { still_running: stillRunning } : {}),
               sha256: packed.sha256,
               bytes: packed.bytes,
               file_count: packed.file_count,
