@@ -61,8 +61,41 @@ export const endedCommandStates: ReadonlySet<CommandState> = new Set<CommandStat
 export const CommandSource = Enum("caller", "agent").annotations({ identifier: "CommandSource" })
 export type CommandSource = typeof CommandSource.Type
 
+const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/** A string the machine can take: no NUL (nothing in a Unix path, command or variable may hold one) and valid Unicode. */
+const machineText = (s: string): string | undefined => {
+  if (s.includes("\0")) return "must not contain a NUL character"
+  if (loneSurrogate.test(s)) return "must be valid Unicode (a lone surrogate has no UTF-8 form)"
+  return undefined
+}
+
+/** Linux's limits: a whole path (PATH_MAX, its NUL included) and one name in it (NAME_MAX). */
+export const pathMaxBytes = 4095
+export const nameMaxBytes = 255
+
+/**
+ * A path in the machine; relative paths resolve from `/workspace`. Refused before it reaches the
+ * machine when no Linux path could be it: a NUL, a lone surrogate, more than 4,095 bytes, or a
+ * name of more than 255 bytes. Other characters (control characters included) are legal in Linux
+ * names and are passed on as they are.
+ */
+const MachinePath = NonEmptyString.pipe(
+  Schema.filter((path) => {
+    const problem = machineText(path)
+    if (problem !== undefined) return problem
+    if (utf8Bytes(path) > pathMaxBytes) return `must be at most ${pathMaxBytes} bytes (UTF-8)`
+    if (path.split("/").some((name) => utf8Bytes(name) > nameMaxBytes))
+      return `each name in it must be at most ${nameMaxBytes} bytes (UTF-8)`
+    return true
+  }),
+)
+
+/** Text a command runs or is given (a bash command, a variable's value): no NUL, valid Unicode. */
+const MachineText = Schema.String.pipe(Schema.filter((text) => machineText(text) ?? true))
+
 // Extra variables of a command: names as in a definition's environment.
-const CommandEnv = Schema.Record({ key: Schema.String, value: Schema.String }).pipe(
+const CommandEnv = Schema.Record({ key: Schema.String, value: MachineText }).pipe(
   Schema.filter((env) => {
     for (const name of Object.keys(env))
       if (!envNamePattern.test(name)) return { path: [name], message: `must match ${envNamePattern.source}` }
@@ -70,15 +103,12 @@ const CommandEnv = Schema.Record({ key: Schema.String, value: Schema.String }).p
   }),
 )
 
-/** A path in the machine; relative paths resolve from `/workspace`. */
-const MachinePath = NonEmptyString
-
 // ---------------------------------------------------------------------------------------------
 // Arguments
 
 /** `bash`: run `command` in its own `bash -c`; `timeout_ms` defaults to 5 minutes, at most 24 hours. */
 export const BashArguments = Schema.Struct({
-  command: NonEmptyString,
+  command: Schema.compose(NonEmptyString, MachineText),
   workdir: Schema.optional(MachinePath),
   timeout_ms: Schema.optionalWith(IntBetween(1, bashTimeoutMaxMs), { default: () => bashTimeoutDefaultMs }),
   env: Schema.optional(CommandEnv),

@@ -64,11 +64,40 @@ export const decodeBodyEither =
   (input: unknown): Either.Either<A, ApiError> =>
     Either.mapLeft(Schema.decodeUnknownEither(schema, options)(input), toApiError)
 
-/** Parses JSON text and decodes it with `schema`; text that is not JSON is `invalid_request`. */
+/**
+ * How deep arrays and objects may nest in a request body. Nothing in the API nests nearly this
+ * deep (a tool's parameter schema is the deepest, a handful of levels); deeper bodies are refused
+ * before they are parsed, since decoding and formatting errors recurse once per level.
+ */
+export const jsonDepthMax = 128
+
+/** Whether arrays and objects in the JSON text nest deeper than `max` (strings are skipped). */
+export const nestsDeeperThan = (text: string, max: number): boolean => {
+  let depth = 0
+  let inString = false
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i)
+    if (inString) {
+      if (c === 92)
+        i++ // backslash: skip the escaped character
+      else if (c === 34) inString = false
+    } else if (c === 34) inString = true
+    else if (c === 123 || c === 91) {
+      if (++depth > max) return true
+    } else if (c === 125 || c === 93) depth--
+  }
+  return false
+}
+
+/** Parses JSON text and decodes it with `schema`; text that is not JSON, or nests too deep, is `invalid_request`. */
 export const decodeJsonBody =
   <A, I>(schema: Schema.Schema<A, I, never>) =>
   (text: string): Effect.Effect<A, ApiError> =>
-    Effect.try({
-      try: () => JSON.parse(text) as unknown,
-      catch: () => ApiError.invalidRequest("body: not valid JSON"),
-    }).pipe(Effect.flatMap(decodeBody(schema)))
+    nestsDeeperThan(text, jsonDepthMax)
+      ? Effect.fail(
+          ApiError.invalidRequest(`body: arrays and objects nest more than ${jsonDepthMax} levels deep`),
+        )
+      : Effect.try({
+          try: () => JSON.parse(text) as unknown,
+          catch: () => ApiError.invalidRequest("body: not valid JSON"),
+        }).pipe(Effect.flatMap(decodeBody(schema)))

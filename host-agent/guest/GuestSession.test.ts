@@ -189,6 +189,19 @@ describe("read", () => {
     })
   })
 
+  it("a request that makes the machine close the file channel fails alone: the next file command opens a new one", async () => {
+    // The API refuses such a path (schema/Command.ts); here it reaches the machine's SFTP server,
+    // which closes the channel on it.
+    await run(guest.write({ file_path: "kept.txt", content: "kept\n" }))
+    const bad = await Effect.runPromiseExit(guest.read({ file_path: "a\u0000b" }))
+    if (Exit.isFailure(bad)) expect(String(bad)).toContain("GuestUnavailable")
+    for (let i = 0; i < 3; i++) {
+      expect(await run(guest.read({ file_path: "kept.txt" }))).toEqual({ output: "kept\n" })
+      expect(await run(guest.write({ file_path: `again${i}.txt`, content: "x" }))).toEqual({ bytes: 1 })
+      expect(await run(guest.list({ path: "." }))).toMatchObject({ truncated: false })
+    }
+  })
+
   // A PNG header of the given size, padded with bytes after it to `bytes`.
   const png = (name: string, side: number, bytes: number) =>
     bash(

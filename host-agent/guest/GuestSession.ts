@@ -416,29 +416,75 @@ export const connect = (
       (c) => Effect.sync(() => c.end()),
     )
     const wrappers = new Wrappers(client, new Slots())
-    const sftp = yield* Effect.tryPromise({ try: () => sftpOf(client), catch: unavailable })
     // ssh2 never calls back an SFTP request whose connection closed, so every file call races the
     // connection's end: a call pending then, or made later, fails with GuestUnavailable.
     const gone = new Promise<never>((_, fail) => {
       const ended = (what: string) => () => fail(new Error(`the connection to the machine ${what}`))
       client.once("close", ended("closed"))
       client.once("end", ended("ended"))
-      sftp.once("close", ended("lost its file channel"))
     })
     gone.catch(() => undefined)
+    // The file channel: a call pending when it closes fails, and the next call opens a new one on
+    // the same connection, so one bad request (the server closes the channel on some) never
+    // leaves a run without file commands.
+    let current: { readonly sftp: SFTPWrapper; readonly lost: Promise<never> } | undefined
+    let opening: Promise<{ readonly sftp: SFTPWrapper; readonly lost: Promise<never> }> | undefined
+    const fileChannel = () => {
+      if (current !== undefined) return Promise.resolve(current)
+      opening ??= sftpOf(client).then(
+        (sftp) => {
+          const open = {
+            sftp,
+            lost: new Promise<never>((_, fail) =>
+              sftp.once("close", () => {
+                if (current?.sftp === sftp) current = undefined
+                fail(new Error("the connection to the machine lost its file channel"))
+              }),
+            ),
+          }
+          open.lost.catch(() => undefined)
+          current = open
+          opening = undefined
+          return open
+        },
+        (e: unknown) => {
+          opening = undefined
+          throw e
+        },
+      )
+      return opening
+    }
+    yield* Effect.tryPromise({ try: () => Promise.race([fileChannel(), gone]), catch: unavailable })
+    // A call sent on a channel that was already closing (the machine closed it for an earlier
+    // request) is tried once more on a new one when doing it twice is harmless: read, list, and
+    // write (it replaces the whole file). An edit is not tried again.
     const files =
-      <A, R>(f: (sftp: SFTPWrapper, args: A) => Promise<R>) =>
+      <A, R>(f: (sftp: SFTPWrapper, args: A) => Promise<R>, idempotent: boolean) =>
       (args: A) =>
-        Effect.tryPromise({ try: () => Promise.race([f(sftp, args), gone]), catch: unavailable })
+        Effect.tryPromise({
+          try: async () => {
+            const once = async () => {
+              const { sftp, lost } = await Promise.race([fileChannel(), gone])
+              return await Promise.race([f(sftp, args), lost, gone])
+            }
+            try {
+              return await once()
+            } catch (e) {
+              if (!idempotent || !String(e).includes("lost its file channel")) throw e
+              return await once()
+            }
+          },
+          catch: unavailable,
+        })
     return {
       bash: (args, onOutput) => {
         const invalid = validate(args)
         return invalid ? Effect.fail(invalid) : runBash(client, wrappers, args, onOutput)
       },
-      read: files(Files.read),
-      write: files(Files.write),
-      edit: files(Files.edit),
-      list: files(Files.list),
+      read: files(Files.read, true),
+      write: files(Files.write, true),
+      edit: files(Files.edit, false),
+      list: files(Files.list, true),
       channel: (command, options = {}) =>
         Effect.tryPromise({
           try: () =>
