@@ -122,7 +122,8 @@ cat > "$t" || { rm -f -- "$t"; exit 5; }
       yield* collect(guest, `rm -f -- ${quote(temp)}`).pipe(Effect.ignore)
       // An upload sealed for another account does not open at its first chunk: it is answered as
       // an unknown id is, so a run cannot learn which ids exist in other accounts.
-      if (streamed.left._tag === "DecryptFailed" && sent === 0) return { error: `${args.file}: no such upload` }
+      if (streamed.left._tag === "DecryptFailed" && sent === 0)
+        return { error: `${args.file}: no such upload` }
       return yield* Effect.fail(streamed.left)
     }
     ch.end()
