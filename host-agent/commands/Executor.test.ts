@@ -116,11 +116,14 @@ while n > 0:
     expect(marked).toEqual({ output: "x\uFFFDy", next: 3, output_bytes: 3, stored_bytes: 3, done: true })
   })
 
-  it("bash: arguments the guest refuses make the command `failed` with the field named", async () => {
-    expect(await exec(record("bash", { command: "echo \0" }))).toEqual({
-      state: "failed",
-      error: "invalid arguments: command: contains NUL",
-    })
+  it("bash: arguments that are not valid make the command `failed` with the field named, never run", async () => {
+    // The API refuses a NUL first (400); a record that got past it anyway (written by an older
+    // version, say) is refused by the executor's own decoding rather than run.
+    const valid = record("bash", { command: "echo x" })
+    const withNul = { ...valid, arguments: { ...valid.arguments, command: "echo \0" } } as CommandRecord
+    const outcome = await exec(withNul)
+    expect(outcome.state).toBe("failed")
+    expect(outcome.state === "failed" && outcome.error).toMatch(/^invalid arguments: .*command/s)
   })
 
   it("write, read, edit, list: the machine's answers, `{error}` included, are `succeeded`", async () => {
