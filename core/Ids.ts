@@ -70,6 +70,14 @@ export const makeId = <P extends IdPrefix>(prefix: P, now: number = Date.now()):
   return `${prefix}_${encode(Math.max(now, lastTime), lastRandom)}`
 }
 
+/**
+ * A time-ordered id made at `now` whose random part comes from `seed` (SHA-256): the same seed and
+ * time always give the same id, and it sorts among ids made around `now` (an idempotent request
+ * retried later makes the id its first attempt made).
+ */
+export const seededId = <P extends IdPrefix>(prefix: P, now: number, seed: string): `${P}_${string}` =>
+  `${prefix}_${encode(now, createHash("sha256").update(`${prefix}:${seed}`).digest().subarray(0, 10))}`
+
 /** The millisecond timestamp an id was made at. */
 export const idTime = (id: string): number => {
   const body = id.slice(id.indexOf("_") + 1, id.indexOf("_") + 11)

@@ -28,6 +28,7 @@ export const kvBuckets = [
   "uploads",
   "logins",
   "agents",
+  "idempotency",
 ] as const
 export type KvBucket = (typeof kvBuckets)[number]
 
@@ -91,6 +92,7 @@ export const retention = {
     uploads: 30 * DAY_MS, // upload records, as long as the `files` objects they describe
     logins: DAY_MS, // CLI logins: approved or expired within 10 minutes, then only read for a while
     agents: 30 * DAY_MS, // agent loops: removed when the run ends; what a crash left ages out with the run
+    idempotency: DAY_MS, // a creating request's answer, kept for its Idempotency-Key's 24 hours
   } satisfies Record<KvBucket, number>,
   streams: {
     MAILBOX: 0, // work queue: messages go when handled

@@ -38,6 +38,8 @@ export const routes = [
     method: "POST",
     path: "/v1/keys",
     access: "owner",
+    // The token is shown once: an Idempotency-Key retry is refused, never answered it again.
+    answerHoldsSecret: true,
     body: CreateKeyRequest,
     bodyLimit: keyBodyLimit,
     handler: ({ principal, body }) =>

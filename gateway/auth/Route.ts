@@ -7,8 +7,11 @@
  * syntax — come earlier, because they happen while the body is read).
  */
 import { Effect, Schema } from "effect"
+import type { Nats } from "../../core/Nats.ts"
+import type { Storage } from "../../core/Storage.ts"
 import { decodeBody } from "../../schema/Decode.ts"
 import type { ApiError } from "../../schema/Errors.ts"
+import * as Idempotency from "../Idempotency.ts"
 import type { Request } from "../Request.ts"
 import type { Reply } from "../Response.ts"
 import { type InputSchema, type Method, type Params, type RawQuery, type Route, route } from "../Router.ts"
@@ -21,7 +24,7 @@ export type AuthedRequest<P, B, A extends Access> = Request<P, B, RawQuery> & {
 }
 
 /** A route with its access label, as the server and the authorization matrix see it. */
-export type AuthRoute<R> = Route<R | Auth> & {
+export type AuthRoute<R> = Route<R | Auth | Nats | Storage> & {
   readonly access: Access
   readonly whileSuspended: boolean
 }
@@ -39,6 +42,8 @@ export const authRoute = <
   readonly access: A
   /** Whether a suspended account may use the route; default: only `GET` routes. */
   readonly whileSuspended?: boolean
+  /** The answer holds a secret shown once: an `Idempotency-Key` retry cannot be answered it again. */
+  readonly answerHoldsSecret?: boolean
   readonly body?: InputSchema<B>
   readonly bodyLimit?: number
   readonly handler: (request: AuthedRequest<Params<P>, B, A>) => Effect.Effect<Reply, E, R>
@@ -56,10 +61,21 @@ export const authRoute = <
         const auth = yield* Auth
         const principal = yield* auth.resolve(spec.access, request.headers, { whileSuspended })
         const body = decode ? yield* decode(request.body) : (undefined as B)
-        return yield* spec.handler({
+        const handled = spec.handler({
           ...request,
           body: body as B,
           principal: principal as PrincipalFor<A>,
+        })
+        // Who may reuse an Idempotency-Key: the account, or a person outside any account.
+        const scope =
+          principal._tag === "AccountKey" || principal._tag === "AccountPerson"
+            ? `account:${principal.account.id}`
+            : principal._tag === "Person"
+              ? `person:${principal.user}`
+              : undefined
+        if (scope === undefined) return yield* handled
+        return yield* Idempotency.around(request, scope, body, handled, {
+          secret: spec.answerHoldsSecret === true,
         })
       }),
   })

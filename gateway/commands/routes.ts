@@ -37,7 +37,6 @@ import { mailboxLayer } from "../../actors/account/Client.ts"
 import { Run } from "../../actors/run/Messages.ts"
 import { Mailbox } from "../../actors/runtime/Mailbox.ts"
 import { awaitOutputAfter, readOutputAt } from "../../core/CommandOutput.ts"
-import { makeId } from "../../core/Ids.ts"
 import {
   CommandList,
   CommandOutput,
@@ -53,6 +52,7 @@ import { ApiError } from "../../schema/Errors.ts"
 import type { CommandId } from "../../schema/Ids.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
+import { newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 import { RunStore, readRun, runIdentity, storeLayer } from "../runs/Runs.ts"
@@ -113,21 +113,31 @@ export const routes = [
           const run = yield* runIdentity(principal, params.id)
           // Final: no need to ask the actor.
           if (run.ended) return yield* Effect.fail(ApiError.runEnded())
-          const id = makeId("cmd") as CommandId
+          const id = (yield* newId("cmd")) as CommandId
           const mailbox = yield* Mailbox
-          const reply = yield* mailbox.ask(
-            Run,
-            run.id,
-            {
-              _tag: "AddCommand",
-              id,
-              kind: body.kind,
-              arguments: body.arguments,
-              source: "caller",
-              created_at: timestamp(yield* Clock.currentTimeMillis),
-            },
-            { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}` },
-          )
+          const reply = yield* mailbox
+            .ask(
+              Run,
+              run.id,
+              {
+                _tag: "AddCommand",
+                id,
+                kind: body.kind,
+                arguments: body.arguments,
+                source: "caller",
+                created_at: timestamp(yield* Clock.currentTimeMillis),
+              },
+              { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}` },
+            )
+            .pipe(
+              // The actor may have stored it and only its answer was late (a worker restarting):
+              // the stored command is the answer, never a 500 for a command that exists.
+              Effect.catchTag("AskTimeout", (e) =>
+                Effect.flatMap(Effect.either(commandOf(run.id, id)), (found) =>
+                  found._tag === "Right" ? Effect.succeed({ command: found.right.record }) : Effect.fail(e),
+                ),
+              ),
+            )
           if ("command" in reply) {
             Records.remember(run.id, reply.command.id, reply.command.sequence)
             return json(reply.command, { status: 201 })

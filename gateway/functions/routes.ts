@@ -7,7 +7,6 @@
 import { Clock, Effect, Option } from "effect"
 import type { AccountRecord } from "../../core/Accounts.ts"
 import { Functions } from "../../core/Functions.ts"
-import { makeId } from "../../core/Ids.ts"
 import { timestamp } from "../../schema/Common.ts"
 import {
   CreateFunctionRequest,
@@ -25,6 +24,7 @@ import {
 import type { Actor, FunctionId } from "../../schema/Ids.ts"
 import { type AccountKey, type AccountPerson, actorOf } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
+import { newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 import { lastRuns, linkBase } from "../runs/Runs.ts"
@@ -107,7 +107,7 @@ export const routes = [
           const functions = yield* Functions
           const { input, externalReference } = definitionOf(body)
           const definition = yield* publishIn(principal.account)(input)
-          const id = makeId("fnc") as FunctionId
+          const id = (yield* newId("fnc")) as FunctionId
           const version = versionOf(
             id,
             1,

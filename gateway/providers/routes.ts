@@ -5,7 +5,6 @@
  * key into `Secrets`; the key is never returned, logged or put in an error.
  */
 import { Clock, Effect, Option, Redacted } from "effect"
-import { makeId } from "../../core/Ids.ts"
 import { Providers, type ProviderVersion } from "../../core/Providers.ts"
 import { Secrets } from "../../core/Secrets.ts"
 import { toApiError } from "../../core/vendors/Errors.ts"
@@ -24,6 +23,7 @@ import {
 import { actorOf } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
 import { orInternal } from "../functions/Definitions.ts"
+import { newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 
@@ -113,7 +113,7 @@ export const routes = [
           const account = principal.account.id
           const { model, keySecret } = yield* checkAndSeal(account, body.model, Redacted.make(body.key))
           const provider = providerOf(
-            makeId("prv") as ProviderId,
+            (yield* newId("prv")) as ProviderId,
             1,
             body.name,
             model,

@@ -33,7 +33,6 @@ import { Run as RunActor } from "../../actors/run/Messages.ts"
 import { Mailbox } from "../../actors/runtime/Mailbox.ts"
 import { Accounts } from "../../core/Accounts.ts"
 import { Functions } from "../../core/Functions.ts"
-import { makeId } from "../../core/Ids.ts"
 import type { Nats } from "../../core/Nats.ts"
 import { Providers } from "../../core/Providers.ts"
 import type { Storage } from "../../core/Storage.ts"
@@ -51,11 +50,13 @@ import {
 } from "../../schema/Ids.ts"
 import { sizes } from "../../schema/Limits.ts"
 import { Run, StartRunRequest } from "../../schema/Run.ts"
+import { kvKeys } from "../../schema/Subjects.ts"
 import { actorOf } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
+import { HEADER, newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
-import { linkBase, mayUse, orInternal, RunRouteSettings, showRun } from "./Runs.ts"
+import { linkBase, mayUse, orInternal, RunRouteSettings, RunStore, showRun } from "./Runs.ts"
 
 const decodeStart = decodeBody(StartRunRequest)
 
@@ -151,8 +152,21 @@ export const startRoute = documented(
           )
         }
 
-        const id = makeId("run") as RunId
+        const id = (yield* newId("run")) as RunId
         const timeout = settings.askTimeoutMs
+        // An Idempotency-Key retry of a start whose answer was lost: the run it made is the answer
+        // (nothing is held or created again).
+        const stored = (runKey: string) =>
+          Effect.flatMap(RunStore, (store) =>
+            orInternal(store.get(kvKeys.run(account.id, runKey)), "run read").pipe(
+              Effect.map(Option.map((e) => e.value)),
+            ),
+          )
+        if (headers[HEADER] !== undefined) {
+          const prior = yield* stored(id)
+          if (Option.isSome(prior))
+            return json(yield* showRun(prior.value, yield* linkBase(headers)), { status: 201 })
+        }
         const mayStart = yield* orInternal(
           mailbox.ask(
             Account,
@@ -203,6 +217,13 @@ export const startRoute = documented(
           .pipe(
             Effect.tapError((e) =>
               Effect.gen(function* () {
+                // The run actor may have created it and only its answer was late: that run is
+                // the answer (below), not abandoned.
+                if (
+                  e._tag === "AskTimeout" &&
+                  Option.isSome(yield* Effect.orElseSucceed(stored(id), () => Option.none()))
+                )
+                  return
                 if (e._tag === "AskTimeout") {
                   yield* mailbox
                     .send(
@@ -220,6 +241,12 @@ export const startRoute = documented(
                 }
                 yield* release(account.id, id)
               }),
+            ),
+            Effect.catchTag("AskTimeout", (e) =>
+              Effect.flatMap(
+                Effect.orElseSucceed(stored(id), () => Option.none()),
+                (found) => (Option.isSome(found) ? Effect.succeed({ run: found.value }) : Effect.fail(e)),
+              ),
             ),
             (fx) => orInternal(fx, "run Create"),
           )

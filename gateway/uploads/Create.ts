@@ -3,14 +3,14 @@
  * answers where and how to send it: `PUT` to a signed link served by this gateway, with exactly
  * `content-type: application/octet-stream` and `content-length: <bytes>`.
  */
-import { Clock, Effect } from "effect"
-import { makeId } from "../../core/Ids.ts"
+import { Clock, Effect, Option } from "effect"
 import { Uploads } from "../../core/Uploads.ts"
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import type { UploadId } from "../../schema/Ids.ts"
 import { UploadRequest, type UploadResponse } from "../../schema/Upload.ts"
 import { authRoute } from "../auth/Route.ts"
+import { newId } from "../Idempotency.ts"
 import { json } from "../Response.ts"
 import { UploadLinks, UploadSettings, uploadPath } from "./Links.ts"
 
@@ -58,19 +58,33 @@ export const createRoute = authRoute({
       const links = yield* UploadLinks
       const uploads = yield* Uploads
       const now = yield* Clock.currentTimeMillis
-      const id = makeId("file", now) as UploadId
+      const id = (yield* newId("file")) as UploadId
       const expires = Math.floor(now / 1000) + settings.linkSeconds
       const account = principal.account.id
       yield* orInternal(
-        uploads.create({
-          id,
-          account,
-          bytes: body.bytes,
-          sha256: body.sha256,
-          state: "pending",
-          created_at: timestamp(now),
-          expires_at: timestamp(expires * 1000),
-        }),
+        uploads
+          .create({
+            id,
+            account,
+            bytes: body.bytes,
+            sha256: body.sha256,
+            state: "pending",
+            created_at: timestamp(now),
+            expires_at: timestamp(expires * 1000),
+          })
+          .pipe(
+            // An Idempotency-Key retry whose first answer was lost finds its record: a new link to it.
+            Effect.catchTag("StateConflict", (e) =>
+              Effect.flatMap(uploads.get(id), (found) =>
+                Option.isSome(found) &&
+                found.value.value.account === account &&
+                found.value.value.bytes === body.bytes &&
+                found.value.value.sha256 === body.sha256
+                  ? Effect.void
+                  : Effect.fail(e),
+              ),
+            ),
+          ),
         "upload record create",
       )
       const sig = links.sign({ id, account, bytes: body.bytes, sha256: body.sha256, expires })

@@ -1,0 +1,175 @@
+/**
+ * `Idempotency-Key` on the creating routes (Stripe's convention), so a client that follows the
+ * spec's retry rule ("retry `internal` and `conflict`") never creates or bills a thing twice.
+ *
+ * For an authenticated `POST` with the header (1 to 255 printable ASCII characters), the answer is
+ * kept 24 hours in KV `idempotency` under a hash of the account (or person), the route, its path
+ * parameters and the key, with a hash of the request (query and decoded body):
+ *
+ * - the first request claims the key (`pending`) and runs; an answer below 500 is kept (`done`),
+ *   and the same key with the same request answers it again (`idempotent-replayed: true`);
+ * - the same key with another request answers `409 conflict` naming the header;
+ * - the same key while the first is still running answers `409 conflict` with `Retry-After`;
+ * - an answer of 500 (or a gateway that died meanwhile: a claim older than a minute) is not kept:
+ *   the key is released for a retry, which runs again with the same ids. The ids a handler makes
+ *   (`newId`) are seeded by the claim, so a run or command created by the first attempt, whose
+ *   answer was lost, is found by the retry (the actors answer an existing id with its record)
+ *   instead of made twice;
+ * - an answer that held a secret shown once (a new key's token) is not kept: the same request
+ *   again answers `409 conflict` saying so.
+ */
+import { createHash } from "node:crypto"
+import { Cause, Clock, Effect, Exit, FiberRef, Option, Schema } from "effect"
+import { type IdPrefix, makeId, seededId } from "../core/Ids.ts"
+import * as Kv from "../core/Kv.ts"
+import type { Nats } from "../core/Nats.ts"
+import { Storage } from "../core/Storage.ts"
+import { ApiError } from "../schema/Errors.ts"
+import type { Reply } from "./Response.ts"
+import { error as errorReply } from "./Response.ts"
+
+/** The header, as the server sees it (lower case). */
+export const HEADER = "idempotency-key"
+const VALID = /^[\x21-\x7e]{1,255}$/
+/** A claim this old belongs to a gateway that died while handling it; a retry may take it over. */
+const STALE_CLAIM_MS = 60_000
+
+const IdempotencyRecord = Schema.Struct({
+  /** SHA-256 of the request (query and decoded body). */
+  request: Schema.String,
+  state: Schema.Literal("pending", "done", "released", "secret"),
+  /** When the key was first claimed: the ids the handler makes are seeded by it. */
+  at: Schema.Number,
+  /** When the current claim was made. */
+  claimed: Schema.Number,
+  status: Schema.optional(Schema.Number),
+  body: Schema.optional(Schema.String),
+  content_type: Schema.optional(Schema.String),
+})
+type IdempotencyRecord = typeof IdempotencyRecord.Type
+
+const sha256 = (text: string) => createHash("sha256").update(text).digest("hex")
+
+/** JSON with object keys sorted, so the same request written in another key order hashes the same. */
+export const canonical = (value: unknown): string =>
+  JSON.stringify(value, (_, v: unknown) =>
+    v !== null && typeof v === "object" && !Array.isArray(v)
+      ? Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : 1)))
+      : v,
+  )
+
+// The id maker of the current request: fresh ids, or ids seeded by an idempotent claim.
+const idMaker = FiberRef.unsafeMake<(<P extends IdPrefix>(prefix: P) => `${P}_${string}`) | undefined>(
+  undefined,
+)
+
+/** A new id for what the request creates: the same one again when a retry of it runs. */
+export const newId = <P extends IdPrefix>(prefix: P): Effect.Effect<`${P}_${string}`> =>
+  Effect.map(FiberRef.get(idMaker), (make) => (make === undefined ? makeId(prefix) : make(prefix)))
+
+const conflict = (message: string) => ApiError.conflict(`${HEADER}: ${message}`)
+
+const replay = (r: IdempotencyRecord): Reply => ({
+  _tag: "Whole",
+  status: r.status ?? 200,
+  headers: { "idempotent-replayed": "true" },
+  contentType: r.content_type ?? "application/json",
+  body: r.body ?? "",
+})
+
+/**
+ * Runs `handle` at most once per (scope, route, key, request): see the module comment. `scope`
+ * names who may reuse a key (the account, or a person outside one); `secret` marks a route whose
+ * answer must not be kept.
+ */
+export const around = <E, R>(
+  request: {
+    readonly method: string
+    readonly route: string
+    readonly params: Readonly<Record<string, string>>
+    readonly headers: Readonly<Record<string, string | undefined>>
+    readonly query: unknown
+  },
+  scope: string,
+  body: unknown,
+  handle: Effect.Effect<Reply, E, R>,
+  options: { readonly secret?: boolean } = {},
+): Effect.Effect<Reply, E | ApiError, R | Nats | Storage> => {
+  const raw = request.headers[HEADER]
+  if (raw === undefined || request.method !== "POST") return handle
+  return Effect.gen(function* () {
+    if (!VALID.test(raw))
+      return yield* Effect.fail(
+        ApiError.invalidRequest(`${HEADER}: must be 1 to 255 printable ASCII characters`),
+      )
+    const { names } = yield* Storage
+    const store = yield* orInternal(Kv.make(names.kv.idempotency.name, IdempotencyRecord))
+    const key = sha256(`${scope}\0${request.method}\0${request.route}\0${canonical(request.params)}\0${raw}`)
+    const fingerprint = sha256(canonical({ query: request.query, body }))
+    const now = yield* Clock.currentTimeMillis
+
+    // Claim the key, or learn what an earlier request with it did.
+    let claimedAt = now
+    for (let attempt = 0; ; attempt++) {
+      const existing = yield* orInternal(store.get(key))
+      if (Option.isNone(existing)) {
+        const made = yield* Effect.either(
+          store.create(key, { request: fingerprint, state: "pending", at: now, claimed: now }),
+        )
+        if (made._tag === "Right") break
+        if (made.left._tag !== "StateConflict" || attempt > 2) return yield* Effect.fail(ApiError.internal())
+        continue
+      }
+      const { value: r, revision } = existing.value
+      if (r.request !== fingerprint)
+        return yield* Effect.fail(conflict("this key was first used with a different request; use a new key"))
+      if (r.state === "done") return replay(r)
+      if (r.state === "secret")
+        return yield* Effect.fail(
+          conflict("the first request with this key succeeded, and its answer held a secret shown only once"),
+        )
+      if (r.state === "pending" && now - r.claimed < STALE_CLAIM_MS)
+        return yield* Effect.fail(conflict("a request with this key is still being handled; retry shortly"))
+      // Released (its answer was a 500) or a stale claim: this request runs it again, same ids.
+      const taken = yield* Effect.either(
+        store.update(key, { ...r, state: "pending", claimed: now }, revision),
+      )
+      if (taken._tag === "Right") {
+        claimedAt = r.at
+        break
+      }
+      if (attempt > 2)
+        return yield* Effect.fail(conflict("a request with this key is still being handled; retry shortly"))
+    }
+
+    const seeded = <P extends IdPrefix>(prefix: P) => seededId(prefix, claimedAt, key)
+    const exit = yield* Effect.exit(Effect.locally(handle, idMaker, seeded))
+    const failure = Exit.isFailure(exit) ? Option.getOrUndefined(Cause.failureOption(exit.cause)) : undefined
+    const answer: Reply | undefined = Exit.isSuccess(exit)
+      ? exit.value
+      : failure instanceof ApiError
+        ? errorReply(failure)
+        : undefined
+    const keep =
+      answer !== undefined && answer._tag === "Whole" && answer.status < 500
+        ? options.secret && answer.status < 300
+          ? { state: "secret" as const }
+          : {
+              state: "done" as const,
+              status: answer.status,
+              body: typeof answer.body === "string" ? answer.body : Buffer.from(answer.body).toString("utf8"),
+              content_type: answer.contentType,
+            }
+        : { state: "released" as const }
+    // Best effort: a record not written leaves a claim a retry can take over after a minute.
+    yield* store
+      .put(key, { request: fingerprint, at: claimedAt, claimed: now, ...keep })
+      .pipe(Effect.catchAll((e) => Effect.logWarning("idempotency record not written", e)))
+    return yield* exit
+  })
+}
+
+const orInternal = <A, E, R>(fx: Effect.Effect<A, E, R>) =>
+  Effect.catchAll(fx, (e) =>
+    Effect.zipRight(Effect.logError("idempotency store failed", e), Effect.fail(ApiError.internal())),
+  )

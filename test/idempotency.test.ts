@@ -1,0 +1,172 @@
+/**
+ * `Idempotency-Key` on the creating routes, through HTTP on the whole stack: a retried request
+ * (same key, same body) gets the first answer and creates nothing more; another body is refused;
+ * an answer lost to a timeout is found again by the retry instead of made twice.
+ */
+import { createHash } from "node:crypto"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import {
+  type Answer,
+  call,
+  closeStack,
+  createAccount,
+  expectRefused,
+  expectStatus,
+  publish,
+  request,
+  type Stack,
+  startRun,
+  startStack,
+  type TestAccount,
+} from "./harness/Stack.ts"
+
+let stack: Stack
+let acct: TestAccount
+let fn: string
+
+beforeAll(async () => {
+  stack = await startStack()
+  acct = await createAccount(stack)
+  fn = (await publish(stack, acct)).function
+}, 120_000)
+
+afterAll(() => closeStack(stack), 120_000)
+
+const post = (path: string, body: unknown, key: string | undefined, headers = acct.admin): Promise<Answer> =>
+  call(stack, "POST", path, { ...headers, ...(key === undefined ? {} : { "idempotency-key": key }) }, body)
+
+const uniqueKey = () => `key-${Math.random().toString(36).slice(2)}`
+
+describe("Idempotency-Key", () => {
+  it("a started run retried with the same key and body is the same run, started and billed once", async () => {
+    const key = uniqueKey()
+    const body = { prompt: "once", external_reference: "ref-1" }
+    const first = expectStatus(await post(`/v1/functions/${fn}/runs`, body, key), 201, "start")
+    const again = await post(`/v1/functions/${fn}/runs`, body, key)
+    expect(again.status).toBe(201)
+    expect(again.headers["idempotent-replayed"]).toBe("true")
+    expect(again.body.id).toBe(first.id)
+    // The same body in another key order is the same request.
+    const reordered = await fetch(`${stack.url}/v1/functions/${fn}/runs`, {
+      method: "POST",
+      headers: { ...acct.admin, "idempotency-key": key, "content-type": "application/json" },
+      body: '{"external_reference":"ref-1","prompt":"once"}',
+    })
+    expect(((await reordered.json()) as { id: string }).id).toBe(first.id)
+    const listed = expectStatus(await call(stack, "GET", `/v1/runs?function=${fn}`, acct.admin), 200, "runs")
+    expect(listed.runs.filter((r: { prompt?: string; id: string }) => r.id === first.id)).toHaveLength(1)
+    expect(
+      listed.runs.filter((r: { id: string }) => r.id !== first.id && r.id === again.body.id),
+    ).toHaveLength(0)
+
+    // Another body with the same key is refused and starts nothing.
+    const before = listed.runs.length
+    expectRefused(
+      await post(`/v1/functions/${fn}/runs`, { prompt: "twice" }, key),
+      409,
+      "conflict",
+      "idempotency-key",
+    )
+    const after = expectStatus(await call(stack, "GET", `/v1/runs?function=${fn}`, acct.admin), 200, "runs")
+    expect(after.runs.length).toBe(before)
+    // Without a key, each start is a new run.
+    const a = await startRun(stack, acct, fn, { prompt: "free" })
+    const b = await startRun(stack, acct, fn, { prompt: "free" })
+    expect(a.id).not.toBe(b.id)
+  })
+
+  it("a command and an upload retried with the same key are the same command and upload", async () => {
+    const run = (await startRun(stack, acct, fn)).id
+    const key = uniqueKey()
+    const cmd = {
+      kind: "bash",
+      arguments: { command: "echo $RANDOM >> /workspace/count; wc -l < /workspace/count" },
+    }
+    const first = expectStatus(await post(`/v1/runs/${run}/commands`, cmd, key), 201, "command")
+    const again = expectStatus(await post(`/v1/runs/${run}/commands`, cmd, key), 201, "command again")
+    expect(again.id).toBe(first.id)
+    expect(again.sequence).toBe(first.sequence)
+    expectRefused(
+      await post(`/v1/runs/${run}/commands`, { kind: "bash", arguments: { command: "true" } }, key),
+      409,
+      "conflict",
+      "idempotency-key",
+    )
+    const list = expectStatus(await call(stack, "GET", `/v1/runs/${run}/commands`, acct.admin), 200, "list")
+    expect(list.commands.filter((c: { id: string }) => c.id === first.id)).toHaveLength(1)
+
+    const file = { bytes: 3, sha256: createHash("sha256").update("abc").digest("hex") }
+    const upKey = uniqueKey()
+    const up1 = expectStatus(await post("/v1/files", file, upKey), 201, "upload")
+    const up2 = expectStatus(await post("/v1/files", file, upKey), 201, "upload again")
+    expect(up2).toEqual(up1)
+    const put = await request(up1.url, { method: "PUT", headers: up1.headers, body: Buffer.from("abc") })
+    expect(put.status).toBe(200)
+  })
+
+  it("a key's token is shown once: the same request again is refused, and no second key is made", async () => {
+    const key = uniqueKey()
+    const made = expectStatus(
+      await post("/v1/keys", { name: "once", scope: "admin" }, key, acct.owner),
+      201,
+      "key",
+    )
+    expect(made.token).toMatch(/^hgr_/)
+    const again = await post("/v1/keys", { name: "once", scope: "admin" }, key, acct.owner)
+    expectRefused(again, 409, "conflict", "idempotency-key")
+    expect(again.text).not.toContain(made.token)
+    const keys = expectStatus(await call(stack, "GET", "/v1/keys", acct.owner), 200, "keys")
+    expect(keys.keys.filter((k: { name: string }) => k.name === "once")).toHaveLength(1)
+  })
+
+  it("a malformed key is refused naming the header, and creates nothing", async () => {
+    for (const bad of ["", "has space", "x".repeat(256), "tab\tkey", "é"]) {
+      const answer = await post("/v1/files", { bytes: 1, sha256: "a".repeat(64) }, bad)
+      expect(answer.status, JSON.stringify(bad)).toBe(400)
+      expectRefused(answer, 400, "invalid_request", "idempotency-key")
+    }
+    const ok = await post("/v1/files", { bytes: 1, sha256: "a".repeat(64) }, "x".repeat(255))
+    expect(ok.status).toBe(201)
+  })
+})
+
+describe("an answer lost to a timeout", () => {
+  let slow: Stack
+  let owner: TestAccount
+  let slowFn: string
+
+  beforeAll(async () => {
+    // Every command ask gives up after 1 ms: the command is stored, but its answer comes too late.
+    slow = await startStack({ settings: { COMMAND_ASK_TIMEOUT_MS: 1 } })
+    owner = await createAccount(slow)
+    slowFn = (await publish(slow, owner)).function
+  }, 120_000)
+
+  afterAll(() => closeStack(slow), 120_000)
+
+  it("is found by the retry with the same key: one command, never a 500 for one that was stored", async () => {
+    const run = (await startRun(slow, owner, slowFn)).id
+    const key = uniqueKey()
+    const cmd = { kind: "write", arguments: { file_path: "once.txt", content: "1\n" } }
+    const answers: Array<Answer> = []
+    for (let i = 0; i < 50; i++) {
+      const a = await call(
+        slow,
+        "POST",
+        `/v1/runs/${run}/commands`,
+        { ...owner.admin, "idempotency-key": key },
+        cmd,
+      )
+      answers.push(a)
+      if (a.status === 201) break
+      // The spec's retry rule: `internal` and `conflict` are retried unchanged.
+      expect([500, 409], a.text).toContain(a.status)
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    const done = answers.at(-1)!
+    expect(done.status, done.text).toBe(201)
+    const list = expectStatus(await call(slow, "GET", `/v1/runs/${run}/commands`, owner.admin), 200, "list")
+    expect(list.commands.filter((c: { kind: string }) => c.kind === "write")).toHaveLength(1)
+    expect(list.commands.find((c: { kind: string }) => c.kind === "write").id).toBe(done.body.id)
+  })
+})
