@@ -57,10 +57,17 @@ export const SchedulerState = Schema.Struct({
   }),
   /** Runs a host took: run → host (to fail them when the host is gone). */
   placed: Schema.Record({ key: Schema.String, value: Schema.String }),
+  /**
+   * Hosts holding runs whose heartbeat was found stale, by when (the scheduler's clock) that was
+   * first seen: they are declared gone only if they stay stale for a while after (see Scheduler.ts).
+   */
+  suspect: Schema.optionalWith(Schema.Record({ key: Schema.String, value: Schema.Number }), {
+    default: () => ({}),
+  }),
 })
 export type SchedulerState = typeof SchedulerState.Type
 
-export const initialState: SchedulerState = { queue: [], offered: {}, placed: {} }
+export const initialState: SchedulerState = { queue: [], offered: {}, placed: {}, suspect: {} }
 
 /** The scheduler as senders see it; its handler runs in the actors role (`Scheduler.ts`). */
 export const Scheduler = ActorDef.make({

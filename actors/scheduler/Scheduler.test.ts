@@ -44,7 +44,7 @@ type Env = Layer.Layer.Success<ReturnType<typeof clientLayer>>
 const withWorker = <A, E>(body: (prefix: string) => Effect.Effect<A, E, Env | Scope.Scope>) => {
   const prefix = uniquePrefix()
   return Effect.gen(function* () {
-    const w = yield* startRunWorker(server.url, prefix, { scheduler: { tickMs: 200 } })
+    const w = yield* startRunWorker(server.url, prefix, { scheduler: { tickMs: 200, suspectMs: 1_000 } })
     return yield* body(prefix).pipe(Effect.ensuring(w.stop))
   }).pipe(Effect.scoped, Effect.provide(clientLayer(server.url, prefix, fast)))
 }
@@ -123,7 +123,7 @@ describe("scheduler", () => {
         expect(queue.map((w) => w.run)).toEqual([a.run, b.run, c.run])
         const big = hostRecord("big", { vcpus: 4, memory_mib: 16_384 })
         const small = hostRecord("small", { vcpus: 3, memory_mib: 16_384 })
-        const result = place({ queue, offered: {}, placed: {} }, [small, big])
+        const result = place({ queue, offered: {}, placed: {}, suspect: {} }, [small, big])
         // a (2 vCPUs) → big (4 free); b (1) → small (3 free vs 2 left on big); c (4) fits nowhere.
         expect(result.send.map((o) => [o.id, (o.message as { run: string }).run])).toEqual([
           ["big", a.run],
@@ -133,16 +133,18 @@ describe("scheduler", () => {
         expect(Object.keys(result.state.offered).sort()).toEqual([a.run, b.run].sort())
         // An offer the host already lists counts once; one it does not list yet counts against it.
         const listed = hostRecord("big", { vcpus: 4, memory_mib: 16_384 }, [machineOf(a.run, "m")])
-        const again = place({ queue: [c], offered: { [a.run]: { host: "big", waiting: a } }, placed: {} }, [
-          listed,
-        ])
+        const again = place(
+          { queue: [c], offered: { [a.run]: { host: "big", waiting: a } }, placed: {}, suspect: {} },
+          [listed],
+        )
         expect(again.send).toEqual([])
-        const freeBig = place({ queue: [b], offered: { [a.run]: { host: "big", waiting: a } }, placed: {} }, [
-          big,
-        ])
+        const freeBig = place(
+          { queue: [b], offered: { [a.run]: { host: "big", waiting: a } }, placed: {}, suspect: {} },
+          [big],
+        )
         expect(freeBig.send.map((o) => o.id)).toEqual(["big"])
         // A strict queue: c at the head fits nowhere, so b behind it waits although it fits.
-        expect(place({ queue: [c, b], offered: {}, placed: {} }, [small]).send).toEqual([])
+        expect(place({ queue: [c, b], offered: {}, placed: {}, suspect: {} }, [small]).send).toEqual([])
       }),
   )
 
@@ -239,10 +241,13 @@ describe("scheduler", () => {
         )
         yield* Mailbox.send(Scheduler, schedulerId, { _tag: "Placed", run, host: "h-gone" }, { msgId: "p" })
         yield* schedulerWhere((s) => s.placed[run] === "h-gone", "placed")
-        // Its last heartbeat 20 seconds ago: gone.
+        // Its last heartbeat 20 seconds ago, and no newer one while the scheduler watches: gone.
         yield* writeHost(
           hostRecord("h-gone", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")], Date.now() - 20_000),
         )
+        // First suspect (the run still stands), then, stale for the whole suspect window, gone.
+        yield* schedulerWhere((s) => s.suspect["h-gone"] !== undefined, "the host to be suspect")
+        expect(Option.getOrThrow(yield* storedRun(account, run)).state).toBe("running")
         const failed = yield* runWhere(run, (r) => r.state === "failed", "the run to fail")
         expect(failed).toMatchObject({ failure: "infrastructure", detail: hostGoneDetail })
         yield* schedulerWhere(idle, "the scheduler to forget it")
@@ -250,6 +255,51 @@ describe("scheduler", () => {
         expect(yield* hostBox.next()).toEqual({ _tag: "Stop", run })
       }),
     ),
+  )
+
+  it.live(
+    "a heartbeat that looks stale only because NATS stood still (the host beats again) fails nothing",
+    () =>
+      withWorker(() =>
+        Effect.gen(function* () {
+          yield* Client.adjust(account, "purchase", 10_000_000_000)
+          const hostBox = yield* inbox(Host, "h-frozen")
+          yield* writeHost(hostRecord("h-frozen", { vcpus: 4, memory_mib: 16_384 }))
+          const run = yield* create("s")
+          expect(yield* hostBox.next()).toMatchObject({ _tag: "Place", run })
+          yield* writeHost(hostRecord("h-frozen", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")]))
+          yield* Mailbox.send(
+            Run,
+            run,
+            { _tag: "Started", host: "h-frozen", at: timestamp(Date.now()) },
+            { msgId: "fs" },
+          )
+          yield* Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Placed", run, host: "h-frozen" },
+            { msgId: "fp" },
+          )
+          yield* schedulerWhere((s) => s.placed[run] === "h-frozen", "placed")
+          // What a NATS server back from a 15 s freeze shows: the host's last heartbeat is old...
+          yield* writeHost(
+            hostRecord(
+              "h-frozen",
+              { vcpus: 4, memory_mib: 16_384 },
+              [machineOf(run, "s")],
+              Date.now() - 20_000,
+            ),
+          )
+          yield* schedulerWhere((s) => s.suspect["h-frozen"] !== undefined, "the host to be suspect")
+          // ...and the host, alive all along, beats again within the suspect window.
+          yield* writeHost(hostRecord("h-frozen", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")]))
+          yield* schedulerWhere((s) => s.suspect["h-frozen"] === undefined, "the suspicion to clear")
+          // Well past the window: the run is still running and still the host's.
+          yield* Effect.sleep("1500 millis")
+          expect(Option.getOrThrow(yield* storedRun(account, run)).state).toBe("running")
+          expect((yield* schedulerState)?.placed[run]).toBe("h-frozen")
+        }),
+      ),
   )
 
   it.live("an offer to a host that went away goes back to the queue and to another host", () =>

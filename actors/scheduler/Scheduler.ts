@@ -8,8 +8,12 @@
  * moment old does not make the scheduler offer the same room twice; a run the record already lists
  * is counted once. (A run the host took is listed from its reservation on; should a record lag
  * behind a `Placed`, the host refuses what it lacks.) Hosts whose heartbeat is older than
- * `hostStaleMs` (or whose record is gone) have no room, and on `Tick` the runs they took fail
- * `infrastructure` and the runs offered to them wait again.
+ * `hostStaleMs` (or whose record is gone) have no room, and on `Tick` the runs offered to them wait
+ * again. The runs they took fail `infrastructure` only on evidence gathered while NATS worked: a
+ * `Tick` (delivered by NATS, so NATS works) that finds the host stale marks it suspect, and its runs
+ * fail only if it is still stale `suspectMs` later. A NATS server that froze or restarted makes
+ * every heartbeat look old the moment it is back; the hosts beat again within seconds and are
+ * cleared, their runs untouched.
  *
  * Placement is strict first come, first served: only the oldest waiting run is ever considered;
  * when it fits nowhere, everything behind it waits. A refused offer puts the run back in its place;
@@ -43,13 +47,21 @@ export { Scheduler } from "./Messages.ts"
 export interface SchedulerSettingsShape {
   /** How often the scheduler re-reads the hosts while it has work (default 2 s). */
   readonly tickMs: number
+  /**
+   * How long a host holding runs stays suspect (stale on every tick) before it is declared gone;
+   * default 5 s, a third of the stale window (a live host beats five times in it).
+   */
+  readonly suspectMs: number
 }
 
 /** The scheduler's settings (`HANGAR_SCHEDULER_*`). */
 export const SchedulerSettings = defineSettings(
   "hangar/SchedulerSettings",
-  { tickMs: 2_000 } as SchedulerSettingsShape,
-  (d) => ({ tickMs: env.integer("SCHEDULER_TICK_MS", d.tickMs) }),
+  { tickMs: 2_000, suspectMs: 5_000 } as SchedulerSettingsShape,
+  (d) => ({
+    tickMs: env.integer("SCHEDULER_TICK_MS", d.tickMs),
+    suspectMs: env.integer("SCHEDULER_SUSPECT_MS", d.suspectMs),
+  }),
 )
 
 /** What the handler reaches besides its state. */
@@ -139,7 +151,7 @@ export const place = (
 
 /** The scheduler with its dependencies. */
 export const make = (deps: SchedulerDeps) => {
-  const { tickMs } = deps.settings
+  const { tickMs, suspectMs } = deps.settings
   const hostsKv = Kv.make(deps.storage.names.kv.hosts.name, HostRecord).pipe(
     Effect.provideService(Nats, deps.nats),
   )
@@ -207,7 +219,11 @@ export const make = (deps: SchedulerDeps) => {
           if (!known(s, m.run)) return { state: s }
           const { [m.run]: _o, ...offered } = s.offered
           const { [m.run]: _p, ...placed } = s.placed
-          return yield* settle(s, { queue: s.queue.filter((w) => w.run !== m.run), offered, placed }, ctx)
+          return yield* settle(
+            s,
+            { ...s, queue: s.queue.filter((w) => w.run !== m.run), offered, placed },
+            ctx,
+          )
         }
         case "Placed": {
           // A run no longer offered (it ended meanwhile) is the run actor's to stop, not ours to track.
@@ -240,10 +256,23 @@ export const make = (deps: SchedulerDeps) => {
             ...Object.values(s.offered).map((o) => o.host),
           ])
           for (const host of holding) if (!live.has(host) && (yield* hostLive(host, ctx.now))) live.add(host)
+          // A stale host holding runs is suspect first; gone once it stayed stale `suspectMs`.
+          const suspect: Record<string, number> = {}
+          const gone = new Set<string>()
+          for (const host of new Set(Object.values(s.placed))) {
+            if (live.has(host)) continue
+            const since = s.suspect[host] ?? ctx.now
+            if (ctx.now - since >= suspectMs) gone.add(host)
+            else suspect[host] = since
+            if (s.suspect[host] === undefined)
+              yield* Effect.logWarning("host heartbeat stale: suspect").pipe(Effect.annotateLogs({ host }))
+          }
+          for (const host of Object.keys(s.suspect))
+            if (live.has(host)) yield* Effect.logInfo("host beats again").pipe(Effect.annotateLogs({ host }))
           const sends: Array<Actor.Outgoing> = []
           const placed: Record<string, string> = {}
           for (const [run, host] of Object.entries(s.placed)) {
-            if (live.has(host)) {
+            if (!gone.has(host)) {
               placed[run] = host
               continue
             }
@@ -263,7 +292,7 @@ export const make = (deps: SchedulerDeps) => {
             if (live.has(offer.host)) offered[run] = offer
             else queue = insert(queue, offer.waiting)
           }
-          let state: SchedulerState = { queue, offered, placed }
+          let state: SchedulerState = { queue, offered, placed, suspect }
           if (state.queue.length > 0) {
             const result = place(state, hosts)
             state = result.state
