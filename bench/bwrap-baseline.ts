@@ -135,4 +135,5 @@ export const bwrapBaseline: MachineDriverService = {
       try: () => destroyNow(id),
       catch: (e) => new MachineDestroyFailed({ id, detail: String(e) }),
     }),
+  owned: () => Effect.succeed([]),
 }

@@ -17,6 +17,7 @@ import { createServer, type Server } from "node:https"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { leftovers } from "../host-agent/machines/namespace/testing.ts"
 import { minutePriceUsdNanos, sizes } from "../schema/Limits.ts"
 import {
   call,
@@ -24,6 +25,7 @@ import {
   command,
   createAccount,
   type Json,
+  machineIdOf,
   publish,
   request,
   type Stack,
@@ -302,4 +304,37 @@ describe("every role in its own process (hangar serve <role>)", () => {
     () => restartsLoseNothing(stack, acct, minuteMs),
     400_000,
   )
+
+  it("a host agent SIGKILLed and started again removes its earlier life's machine and fails that run at once", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const run = (await startRun(stack, acct, fn.function)).id
+    expect((await command(stack, acct, run, "bash", { command: "echo up" })).state).toBe("succeeded")
+    const sleeper = await sendCommandAnswer(stack, acct, run, "bash", { command: "sleep 600" })
+    expect(sleeper.status).toBe(201)
+    await stack.killHost()
+    // Killed outright: the machine outlives its agent.
+    expect(await leftovers(machineIdOf(run))).not.toEqual([])
+    await stack.startHost()
+    // Failed by the new life at its start, not by the run's 600-minute time-out.
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
+    expect(ended, problems(stack)).toMatchObject({
+      state: "failed",
+      failure: "infrastructure",
+      detail: expect.stringContaining("host agent restarted"),
+    })
+    expect((await waitCommand(stack, acct, run, sleeper.body.id)).state).toBe("cancelled")
+    expect(await leftovers(machineIdOf(run))).toEqual([])
+    // Billed for the minutes it ran, no more.
+    const usage = await call(stack, "GET", "/v1/usage", acct.owner)
+    const entries = usage.body.entries.filter((e: Json) => e.run === run)
+    const minutes = entries.reduce((n: number, e: Json) => n + e.through_minute - e.from_minute + 1, 0)
+    const ranMs = Date.parse(ended.ended_at) - Date.parse(ended.started_at)
+    expect(minutes).toBe(Math.max(1, Math.ceil(ranMs / minuteMs)))
+    // The host takes new runs again.
+    const next = (await startRun(stack, acct, fn.function)).id
+    expect((await command(stack, acct, next, "bash", { command: "echo again" })).result.output).toBe(
+      "again\n",
+    )
+    await command(stack, acct, next, "finish", { state: "failed" })
+  }, 180_000)
 })

@@ -5,6 +5,8 @@
  * (Linux namespaces and cgroups) and, later, `qemu`.
  */
 
+import { readdir, readFile, writeFile } from "node:fs/promises"
+import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect } from "effect"
 import ssh2 from "ssh2"
@@ -42,6 +44,11 @@ export interface MachineSpec {
   readonly hostKey: string
   /** Test-only overrides of the size's memory and disk, to cross limits quickly. */
   readonly override?: Partial<Pick<Size, "memoryBytes" | "diskBytes">>
+  /**
+   * The host agent that makes it (its host id), kept in the machine's folder: a host agent that
+   * restarts finds and removes what its earlier life left (`owned`).
+   */
+  readonly owner?: string
 }
 
 /** Where the machine's sshd listens. */
@@ -82,7 +89,28 @@ export interface MachineDriverService {
   readonly create: (spec: MachineSpec) => Effect.Effect<Machine, MachineCreateFailed>
   /** Removes every trace of machine `id` (processes, mounts, devices, cgroups, network, files); idempotent. */
   readonly destroy: (id: string) => Effect.Effect<void, MachineDestroyFailed>
+  /** The ids of the machines on this host made for `owner` (see `MachineSpec.owner`). */
+  readonly owned: (owner: string) => Effect.Effect<ReadonlyArray<string>>
 }
+
+/** The file in a machine's folder that names its owner. */
+const OWNER_FILE = "owner"
+
+/** Records `owner` in the machine folder `dir` (nothing when there is none). */
+export const writeOwner = async (dir: string, owner: string | undefined): Promise<void> => {
+  if (owner !== undefined) await writeFile(join(dir, OWNER_FILE), owner)
+}
+
+/** The machines in `machinesDir` whose folder names `owner`. */
+export const ownedIn = (machinesDir: string, owner: string): Effect.Effect<ReadonlyArray<string>> =>
+  Effect.promise(async () => {
+    const found: Array<string> = []
+    for (const id of await readdir(machinesDir).catch(() => [] as Array<string>)) {
+      const named = await readFile(join(machinesDir, id, OWNER_FILE), "utf8").catch(() => undefined)
+      if (named === owner) found.push(id)
+    }
+    return found
+  })
 
 /** The Tag of the configured machine driver. */
 export class MachineDriver extends Context.Tag("host-agent/MachineDriver")<

@@ -41,6 +41,7 @@ import { timestamp } from "../../schema/Common.ts"
 import type { RunId } from "../../schema/Ids.ts"
 import { endedRunStates, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
+import { MachineDriver } from "../machines/MachineDriver.ts"
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as RunMachine from "./RunMachine.ts"
@@ -95,6 +96,35 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         { _tag: "Freed", run: run as RunId, host: host.id },
         { msgId: `${run}:freed` },
       )
+
+    // Machines an earlier life of this agent left (it was killed outright, or its host rebooted):
+    // removed, and their runs failed at once rather than left `running` to their time-out. A run
+    // whose machine is gone cannot go on; its commands end with the run.
+    const driver = yield* MachineDriver
+    for (const id of yield* driver.owned(host.id)) {
+      yield* driver
+        .destroy(id)
+        .pipe(
+          Effect.catchAll((e) => Effect.logError("a machine of an earlier life was not fully removed", e)),
+        )
+      yield* Mailbox.send(
+        Run,
+        id as RunId,
+        {
+          _tag: "Fail",
+          failure: "infrastructure",
+          detail: "the host agent restarted and lost the run's machine",
+          at: timestamp(yield* Clock.currentTimeMillis),
+        },
+        { msgId: `${id}:fail:lost` },
+      ).pipe(
+        Effect.zipRight(freed(id)),
+        Effect.catchAll((e) => Effect.logError("the run of a removed machine could not be failed", e)),
+      )
+      yield* Effect.logWarning("machine of an earlier life removed; its run failed").pipe(
+        Effect.annotateLogs({ run: id }),
+      )
+    }
 
     const place = (message: Place, seq: number) =>
       Effect.gen(function* () {

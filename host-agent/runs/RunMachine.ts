@@ -362,6 +362,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             base: base.rootfs,
             authorizedKey: keys.client.public,
             hostKey: keys.host.private,
+            owner: host.id,
           }),
           (m) =>
             driver

@@ -167,6 +167,8 @@ export interface Stack {
   readonly stopActors: () => Promise<void>
   readonly startActors: () => Promise<void>
   readonly stopHost: () => Promise<void>
+  /** Stops the host agent the way `kill -9` would: its machines are left behind. */
+  readonly killHost: () => Promise<void>
   readonly startHost: () => Promise<void>
   /** Which roles are running now. */
   readonly running: () => ReadonlyArray<Role>
@@ -437,6 +439,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     stopActors: () => stop("actors"),
     startActors: () => start("actors"),
     stopHost: () => stop("host"),
+    killHost: () => kill("host"),
     startHost: () => start("host"),
     running: () => [...pieces.keys()],
     runs,

@@ -34,6 +34,8 @@ import {
   MachineDriver,
   type MachineDriverService,
   type MachineSpec,
+  ownedIn,
+  writeOwner,
 } from "../MachineDriver.ts"
 import * as Disks from "../qemu/Disks.ts"
 import * as Cgroups from "./Cgroups.ts"
@@ -262,6 +264,7 @@ const createNow = async (
     if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
     await fs.mkdir(s.machinesDir, { recursive: true })
     await fs.mkdir(dir) // fails if the id is in use
+    await writeOwner(dir, spec.owner)
     for (const d of ["disk", "lower", "root"]) await fs.mkdir(join(dir, d))
 
     step = "disk room"
@@ -393,6 +396,7 @@ export const make = (
       try: () => destroyNow(s, policy, id),
       catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
     }),
+  owned: (owner) => ownedIn(s.machinesDir, owner),
 })
 
 /** The namespace driver as the host's MachineDriver. */

@@ -32,7 +32,9 @@ import {
   MachineDriver,
   type MachineDriverService,
   type MachineSpec,
+  ownedIn,
   type Size,
+  writeOwner,
 } from "../MachineDriver.ts"
 import { run } from "../namespace/exec.ts"
 import * as Net from "../namespace/Net.ts"
@@ -262,6 +264,7 @@ const createNow = async (
     if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
     await fs.mkdir(s.machinesDir, { recursive: true })
     await fs.mkdir(dir, { mode: 0o700 }) // fails if the id is in use
+    await writeOwner(dir, spec.owner)
 
     step = "ssh"
     const hostKey = ssh2.utils.parseKey(spec.hostKey)
@@ -389,6 +392,7 @@ export const make = (
         try: () => destroyNow(s, policy, id),
         catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
       }),
+    owned: (owner) => ownedIn(s.machinesDir, owner),
   }
 }
 
