@@ -338,3 +338,46 @@ describe("every role in its own process (hangar serve <role>)", () => {
     await command(stack, acct, next, "finish", { state: "failed" })
   }, 180_000)
 })
+
+describe("a nats-server that stands still while a command ends", () => {
+  let stack: Stack
+  let acct: TestAccount
+
+  beforeAll(async () => {
+    stack = await startStack()
+    acct = await createAccount(stack, { creditUsd: 100 })
+  }, 120_000)
+
+  afterAll(() => closeStack(stack), 120_000)
+
+  it("the command's end is written once the server answers again, and the run goes on", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 60 })
+    const run = (await startRun(stack, acct, fn.function)).id
+    expect((await command(stack, acct, run, "bash", { command: "echo up" })).state).toBe("succeeded")
+    const sent = await sendCommandAnswer(stack, acct, run, "bash", { command: "sleep 2; echo done" })
+    expect(sent.status).toBe(201)
+    for (let i = 0; ; i++) {
+      const seen = await call(stack, "GET", `/v1/runs/${run}/commands/${sent.body.id}`, acct.admin)
+      if (seen.body?.state === "running") break
+      if (i > 300) throw new Error(`the command never ran: ${seen.text}`)
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    // Frozen (SIGSTOP) while the command runs, for longer than a write waits (5 s): the write of its
+    // end times out, and must be made again once the server answers.
+    process.kill(stack.natsPid, "SIGSTOP")
+    try {
+      await new Promise((r) => setTimeout(r, 9_000))
+    } finally {
+      process.kill(stack.natsPid, "SIGCONT")
+    }
+    const ended = await waitCommand(stack, acct, run, sent.body.id, 60_000)
+    expect(ended, problems(stack)).toMatchObject({
+      state: "succeeded",
+      result: { exit_code: 0, output: "done\n" },
+    })
+    expect((await command(stack, acct, run, "bash", { command: "echo after" })).result.output).toBe("after\n")
+    const run_ = (await call(stack, "GET", `/v1/runs/${run}`, acct.admin)).body
+    expect(run_.state).toBe("running")
+    await command(stack, acct, run, "finish", { state: "failed" })
+  }, 180_000)
+})

@@ -192,9 +192,16 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     const runId = run.id
     const now = Effect.map(Clock.currentTimeMillis, timestamp)
 
+    // What the host agent tells about a run or a command is retried until NATS takes it (every
+    // message and record write is idempotent: message ids, revisions), so an outage of NATS, even
+    // a long one, loses no end: 0.1 s doubling to one try every 5 s, for up to 10 minutes.
+    const untilTaken = Schedule.exponential("100 millis").pipe(
+      Schedule.either(Schedule.spaced("5 seconds")),
+      Schedule.upTo("10 minutes"),
+    )
     const send = <E, R>(what: string, effect: Effect.Effect<void, E, R>) =>
       effect.pipe(
-        Effect.retry({ times: 5, schedule: Schedule.exponential("100 millis") }),
+        Effect.retry({ schedule: untilTaken, while: (e) => (e as { _tag?: string })._tag === "NatsError" }),
         Effect.catchAllCause((cause) =>
           Effect.logError(`could not tell ${what}`).pipe(
             Effect.annotateLogs({ run: runId, cause: Cause.pretty(cause) }),
@@ -242,6 +249,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         }
         return false
       }).pipe(
+        Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
         Effect.catchAll((e) =>
           Effect.as(
             Effect.logWarning("command record not written").pipe(

@@ -147,6 +147,8 @@ export interface Stack {
   /** The gateway's base URL (the same across gateway restarts). */
   readonly url: string
   readonly natsUrl: string
+  /** The nats-server's process id (to stop and continue it, as a frozen server would be). */
+  readonly natsPid: number
   readonly prefix: string
   readonly dir: string
   readonly hostId: string
@@ -418,6 +420,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   return {
     url: `http://127.0.0.1:${port}`,
     natsUrl: nats.url,
+    natsPid: nats.pid,
     prefix,
     dir,
     hostId,
