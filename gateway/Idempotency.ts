@@ -3,8 +3,9 @@
  * spec's retry rule ("retry `internal` and `conflict`") never creates or bills a thing twice.
  *
  * For an authenticated `POST` with the header (1 to 255 printable ASCII characters), the answer is
- * kept 24 hours in KV `idempotency` under a hash of the account (or person), the route, its path
- * parameters and the key, with a hash of the request (query and decoded body):
+ * kept 24 hours in KV `idempotency` under a hash of the credential (a key or a person, in its
+ * account), the route, its path parameters and the key, with a hash of the request (query and
+ * decoded body):
  *
  * - the first request claims the key (`pending`) and runs; an answer below 500 is kept (`done`),
  *   and the same key with the same request answers it again (`idempotent-replayed: true`);
@@ -129,7 +130,9 @@ export const around = <E, R>(
           conflict("the first request with this key succeeded, and its answer held a secret shown only once"),
         )
       if (r.state === "pending" && now - r.claimed < STALE_CLAIM_MS)
-        return yield* Effect.fail(conflict("a request with this key is still being handled; retry shortly"))
+        return errorReply(conflict("a request with this key is still being handled; retry shortly"), {
+          "retry-after": "1",
+        })
       // Released (its answer was a 500) or a stale claim: this request runs it again, same ids.
       const taken = yield* Effect.either(
         store.update(key, { ...r, state: "pending", claimed: now }, revision),

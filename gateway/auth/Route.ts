@@ -66,13 +66,16 @@ export const authRoute = <
           body: body as B,
           principal: principal as PrincipalFor<A>,
         })
-        // Who may reuse an Idempotency-Key: the account, or a person outside any account.
+        // Who may reuse an Idempotency-Key: the same credential (a key, or a person) in the same
+        // account, so a narrower key never gets the kept answer of a wider one.
         const scope =
-          principal._tag === "AccountKey" || principal._tag === "AccountPerson"
-            ? `account:${principal.account.id}`
-            : principal._tag === "Person"
-              ? `person:${principal.user}`
-              : undefined
+          principal._tag === "AccountKey"
+            ? `account:${principal.account.id}:key:${principal.key.id}`
+            : principal._tag === "AccountPerson"
+              ? `account:${principal.account.id}:person:${principal.user}`
+              : principal._tag === "Person"
+                ? `person:${principal.user}`
+                : undefined
         if (scope === undefined) return yield* handled
         return yield* Idempotency.around(request, scope, body, handled, {
           secret: spec.answerHoldsSecret === true,
