@@ -19,7 +19,7 @@
  * - an answer that held a secret shown once (a new key's token) is not kept: the same request
  *   again answers `409 conflict` saying so.
  */
-import { createHash } from "node:crypto"
+import { createHash, randomBytes } from "node:crypto"
 import { Cause, Clock, Effect, Exit, FiberRef, Option, Schema } from "effect"
 import { type IdPrefix, makeId, seededId } from "../core/Ids.ts"
 import * as Kv from "../core/Kv.ts"
@@ -63,6 +63,13 @@ export const canonical = (value: unknown): string =>
 const idMaker = FiberRef.unsafeMake<(<P extends IdPrefix>(prefix: P) => `${P}_${string}`) | undefined>(
   undefined,
 )
+
+/**
+ * A tag of this attempt for message ids (`create:<run>:<attempt>`): a retry that runs again with the
+ * same ids must not have its messages taken for duplicates of the first attempt's (the actors
+ * recognise the ids themselves), while a publish retried within one attempt still is.
+ */
+export const attemptTag = (): string => randomBytes(6).toString("base64url")
 
 /** A new id for what the request creates: the same one again when a retry of it runs. */
 export const newId = <P extends IdPrefix>(prefix: P): Effect.Effect<`${P}_${string}`> =>
@@ -111,13 +118,17 @@ export const around = <E, R>(
 
     // Claim the key, or learn what an earlier request with it did.
     let claimedAt = now
+    let claimRevision = 0
     for (let attempt = 0; ; attempt++) {
       const existing = yield* orInternal(store.get(key))
       if (Option.isNone(existing)) {
         const made = yield* Effect.either(
           store.create(key, { request: fingerprint, state: "pending", at: now, claimed: now }),
         )
-        if (made._tag === "Right") break
+        if (made._tag === "Right") {
+          claimRevision = made.right
+          break
+        }
         if (made.left._tag !== "StateConflict" || attempt > 2) return yield* Effect.fail(ApiError.internal())
         continue
       }
@@ -139,6 +150,7 @@ export const around = <E, R>(
       )
       if (taken._tag === "Right") {
         claimedAt = r.at
+        claimRevision = taken.right
         break
       }
       if (attempt > 2)
@@ -146,29 +158,45 @@ export const around = <E, R>(
     }
 
     const seeded = <P extends IdPrefix>(prefix: P) => seededId(prefix, claimedAt, key)
-    const exit = yield* Effect.exit(Effect.locally(handle, idMaker, seeded))
-    const failure = Exit.isFailure(exit) ? Option.getOrUndefined(Cause.failureOption(exit.cause)) : undefined
-    const answer: Reply | undefined = Exit.isSuccess(exit)
-      ? exit.value
-      : failure instanceof ApiError
-        ? errorReply(failure)
-        : undefined
-    const keep =
-      answer !== undefined && answer._tag === "Whole" && answer.status < 500
-        ? options.secret && answer.status < 300
-          ? { state: "secret" as const }
-          : {
-              state: "done" as const,
-              status: answer.status,
-              body: typeof answer.body === "string" ? answer.body : Buffer.from(answer.body).toString("utf8"),
-              content_type: answer.contentType,
-            }
-        : { state: "released" as const }
-    // Best effort: a record not written leaves a claim a retry can take over after a minute.
-    yield* store
-      .put(key, { request: fingerprint, at: claimedAt, claimed: now, ...keep })
-      .pipe(Effect.catchAll((e) => Effect.logWarning("idempotency record not written", e)))
-    return yield* exit
+    // The outcome is recorded even when the client goes away mid-request (an interruption
+    // releases the key at once rather than leaving a claim to go stale).
+    return yield* Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function* () {
+        const exit = yield* Effect.exit(restore(Effect.locally(handle, idMaker, seeded)))
+        const failure = Exit.isFailure(exit)
+          ? Option.getOrUndefined(Cause.failureOption(exit.cause))
+          : undefined
+        const answer: Reply | undefined = Exit.isSuccess(exit)
+          ? exit.value
+          : failure instanceof ApiError
+            ? errorReply(failure)
+            : undefined
+        // Kept: answers a retry must see again. Not kept (the key is released for a retry): server
+        // failures, interruptions, and the answers the spec says to retry (`conflict`, a limit).
+        const keep =
+          answer !== undefined &&
+          answer._tag === "Whole" &&
+          answer.status < 500 &&
+          answer.status !== 409 &&
+          answer.status !== 429
+            ? options.secret && answer.status < 300
+              ? { state: "secret" as const }
+              : {
+                  state: "done" as const,
+                  status: answer.status,
+                  body:
+                    typeof answer.body === "string" ? answer.body : Buffer.from(answer.body).toString("utf8"),
+                  content_type: answer.contentType,
+                }
+            : { state: "released" as const }
+        // Over this claim only (a retry that took over a stale claim wins); best effort: a record
+        // not written leaves a claim a retry can take over after a minute.
+        yield* store
+          .update(key, { request: fingerprint, at: claimedAt, claimed: now, ...keep }, claimRevision)
+          .pipe(Effect.catchAll((e) => Effect.logWarning("idempotency record not written", e)))
+        return yield* exit
+      }),
+    )
   })
 }
 

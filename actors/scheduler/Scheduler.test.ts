@@ -44,7 +44,7 @@ type Env = Layer.Layer.Success<ReturnType<typeof clientLayer>>
 const withWorker = <A, E>(body: (prefix: string) => Effect.Effect<A, E, Env | Scope.Scope>) => {
   const prefix = uniquePrefix()
   return Effect.gen(function* () {
-    const w = yield* startRunWorker(server.url, prefix, { scheduler: { tickMs: 200, suspectMs: 1_000 } })
+    const w = yield* startRunWorker(server.url, prefix, { scheduler: { tickMs: 200, suspectMs: 4_000 } })
     return yield* body(prefix).pipe(Effect.ensuring(w.stop))
   }).pipe(Effect.scoped, Effect.provide(clientLayer(server.url, prefix, fast)))
 }

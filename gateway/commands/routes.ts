@@ -52,7 +52,7 @@ import { ApiError } from "../../schema/Errors.ts"
 import type { CommandId } from "../../schema/Ids.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
-import { newId } from "../Idempotency.ts"
+import { attemptTag, newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 import { RunStore, readRun, runIdentity, storeLayer } from "../runs/Runs.ts"
@@ -127,7 +127,7 @@ export const routes = [
                 source: "caller",
                 created_at: timestamp(yield* Clock.currentTimeMillis),
               },
-              { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}` },
+              { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}:${attemptTag()}` },
             )
             .pipe(
               // The actor may have stored it and only its answer was late (a worker restarting):

@@ -53,7 +53,7 @@ import { Run, StartRunRequest } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { actorOf } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
-import { HEADER, newId } from "../Idempotency.ts"
+import { attemptTag, HEADER, newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 import { linkBase, mayUse, orInternal, RunRouteSettings, RunStore, showRun } from "./Runs.ts"
@@ -153,6 +153,7 @@ export const startRoute = documented(
         }
 
         const id = (yield* newId("run")) as RunId
+        const attempt = attemptTag()
         const timeout = settings.askTimeoutMs
         // An Idempotency-Key retry of a start whose answer was lost: the run it made is the answer
         // (nothing is held or created again).
@@ -172,10 +173,10 @@ export const startRoute = documented(
             Account,
             account.id,
             { _tag: "MayStart", run: id, memory_mib: memoryMib, limit_mib: account.limits.memory_mib },
-            { timeout, msgId: `maystart:${id}` },
+            { timeout, msgId: `maystart:${id}:${attempt}` },
           ),
           "MayStart",
-        ).pipe(Effect.tapError(() => release(account.id, id)))
+        ).pipe(Effect.tapError(() => release(account.id, id, attempt)))
         if ("refused" in mayStart) {
           return yield* Effect.fail(
             mayStart.refused === "no_credit"
@@ -212,7 +213,7 @@ export const startRoute = documented(
               created_at: timestamp(now),
               created_by: actorOf(principal) as Actor,
             },
-            { timeout, msgId: `create:${id}` },
+            { timeout, msgId: `create:${id}:${attempt}` },
           )
           .pipe(
             Effect.tapError((e) =>
@@ -239,7 +240,7 @@ export const startRoute = documented(
                     )
                     .pipe(Effect.ignore)
                 }
-                yield* release(account.id, id)
+                yield* release(account.id, id, attempt)
               }),
             ),
             Effect.catchTag("AskTimeout", (e) =>
@@ -251,7 +252,7 @@ export const startRoute = documented(
             (fx) => orInternal(fx, "run Create"),
           )
         if (!("run" in created)) {
-          yield* release(account.id, id)
+          yield* release(account.id, id, attempt)
           return yield* Effect.fail(ApiError.internal())
         }
         yield* Effect.logInfo("run started").pipe(
@@ -268,9 +269,9 @@ export const startRoute = documented(
 )
 
 /** The run's memory hold goes (idempotent; best effort: a failure is logged). */
-const release = (account: string, run: RunId) =>
+const release = (account: string, run: RunId, attempt: string) =>
   Effect.flatMap(Mailbox, (m) =>
-    m.send(Account, account, { _tag: "Release", run }, { msgId: `release:${run}` }),
+    m.send(Account, account, { _tag: "Release", run }, { msgId: `release:${run}:${attempt}` }),
   ).pipe(
     Effect.tapError((e) =>
       Effect.logError("run memory release failed", e).pipe(Effect.annotateLogs({ run })),

@@ -19,6 +19,8 @@ export const LIST_MAX_ENTRIES = 1000
 export const READ_DEFAULT_LIMIT = 2000
 /** Most bytes of text a `read` returns. */
 export const READ_MAX_BYTES = 1024 * 1024
+/** Largest file an `edit` loads (it holds the file in the host agent's memory). */
+export const EDIT_MAX_BYTES = 64 * 1024 * 1024
 
 export interface ReadArgs {
   readonly file_path: string
@@ -119,6 +121,8 @@ export const read = (sftp: SFTPWrapper, args: ReadArgs): Promise<ReadResult> =>
     const path = resolvePath(args.file_path)
     const st = await stat(sftp, path)
     if ((st.mode & S_IFMT) === S_IFDIR) return { error: `${path}: is a folder (use list)` }
+    // A device, pipe or socket can be endless (/dev/zero): only files are read.
+    if ((st.mode & S_IFMT) !== S_IFREG) return { error: `${path}: not a regular file` }
     const type = sniff(await readHead(sftp, path, 16))
     if (type) {
       if (st.size > IMAGE_MAX_BYTES) {
@@ -176,6 +180,13 @@ const readLines = (sftp: SFTPWrapper, path: string, offset: number, limit: numbe
       const parts = (partial + decoder.decode(chunk, { stream: true })).split("\n")
       partial = parts.pop() ?? ""
       for (const p of parts) if (!done) take(`${p}\n`)
+      // A line longer than the cap is not waited for to its end: what came is taken, and the read
+      // stops there (a multi-GB file without a newline costs no more than the cap).
+      if (!done && partial.length > READ_MAX_BYTES) {
+        take(partial)
+        partial = ""
+        finish()
+      }
     })
     stream.on("end", () => {
       if (done) return
@@ -224,6 +235,10 @@ export const edit = (sftp: SFTPWrapper, args: EditArgs): Promise<EditResult> =>
     const path = resolvePath(args.file_path)
     const st = await stat(sftp, path)
     if ((st.mode & S_IFMT) !== S_IFREG) return { error: `${path}: not a regular file` }
+    if (st.size > EDIT_MAX_BYTES)
+      return {
+        error: `${path}: ${st.size} bytes; edit takes files of at most ${EDIT_MAX_BYTES} bytes (use bash)`,
+      }
     let text = (await readAll(sftp, path)).toString("utf8")
     for (const [i, e] of args.edits.entries()) {
       if (e.old_text === "") return { error: `edits[${i}].old_text is empty; nothing applied` }

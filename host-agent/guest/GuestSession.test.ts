@@ -4,6 +4,7 @@ import { ensureTestBase } from "../bases/Bases.ts"
 import { scopedOn } from "../machines/MachineDriver.ts"
 import { make } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "../machines/namespace/testing.ts"
+import { READ_MAX_BYTES } from "./Files.ts"
 import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
 import { IMAGE_MAX_BYTES } from "./Images.ts"
 
@@ -194,12 +195,25 @@ describe("read", () => {
     // which closes the channel on it.
     await run(guest.write({ file_path: "kept.txt", content: "kept\n" }))
     const bad = await Effect.runPromiseExit(guest.read({ file_path: "a\u0000b" }))
-    if (Exit.isFailure(bad)) expect(String(bad)).toContain("GuestUnavailable")
+    expect(Exit.isFailure(bad)).toBe(true)
+    expect(String(bad)).toContain("lost its file channel")
     for (let i = 0; i < 3; i++) {
       expect(await run(guest.read({ file_path: "kept.txt" }))).toEqual({ output: "kept\n" })
       expect(await run(guest.write({ file_path: `again${i}.txt`, content: "x" }))).toEqual({ bytes: 1 })
       expect(await run(guest.list({ path: "." }))).toMatchObject({ truncated: false })
     }
+  })
+
+  it("never holds more than the cap: a device is refused, a file without newlines stops at 1 MiB", async () => {
+    expect(await run(guest.read({ file_path: "/dev/zero" }))).toEqual({
+      error: "/dev/zero: not a regular file",
+    })
+    await bash("head -c 3M /dev/zero | tr '\\0' a > long.txt")
+    const long = await run(guest.read({ file_path: "long.txt" }))
+    if (!("output" in long)) throw new Error(JSON.stringify(long))
+    expect(long.output.startsWith("a".repeat(1000))).toBe(true)
+    expect(long.output.length).toBeLessThan(READ_MAX_BYTES + 200_000)
+    expect(long.output).toContain("[... read stops at")
   })
 
   // A PNG header of the given size, padded with bytes after it to `bytes`.

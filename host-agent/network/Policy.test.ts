@@ -77,6 +77,14 @@ describe("rendering", () => {
     const base = Policy.renderBase(resolved)
     for (const dev of new Set(routes.map((r) => r.dev))) expect(base).toContain(`"${dev}"`)
     expect(base).toContain("ip saddr @masquerade_sources masquerade")
+    // What arrives on an uplink is forwarded only as replies to machines, never routed elsewhere.
+    const forward = base.split("\n").filter((l) => l.includes(" forward "))
+    const toGuests = forward.findIndex((l) =>
+      l.includes("oifname @guest_ifs ct state established,related accept"),
+    )
+    const fromUplinks = forward.findIndex((l) => l.includes("iifname @uplinks drop"))
+    expect(toGuests).toBeGreaterThanOrEqual(0)
+    expect(fromUplinks).toBeGreaterThan(toGuests)
     // A valid rule set that still refuses every forbidden range before the uplink (checked only,
     // never committed: no test machine may leave by a real interface).
     await check(`${base}\n${Policy.renderAttach(resolved, guest)}`)

@@ -160,6 +160,9 @@ export const renderBase = (s: PolicySettingsValue): string => {
     `add rule inet ${t} forward iifname vmap @guests`,
     `add rule inet ${t} forward oifname @guest_ifs ct state established,related accept`,
     `add rule inet ${t} forward oifname @guest_ifs drop`,
+    // Forwarding is switched on for the uplinks (for machines' replies): nothing that arrives on
+    // one is routed anywhere but to a machine (a Hangar host is no router for its uplink's network).
+    `add rule inet ${t} forward iifname @uplinks drop`,
     `add chain inet ${t} input { type filter hook input priority filter; policy accept; }`,
     `flush chain inet ${t} input`,
     `add rule inet ${t} input iifname @guest_ifs meta nfproto ipv6 drop`,

@@ -65,6 +65,26 @@ export const make = async (root: string, id: string, limits: Limits): Promise<vo
   }
 }
 
+/**
+ * Lifts the machine's disk throttles, so processes waiting on throttled I/O (uninterruptible)
+ * finish it at once and can be killed; a no-op when there are none.
+ */
+export const unthrottle = async (root: string, id: string): Promise<void> => {
+  const blkio = groupOf(root, "blkio", id)
+  for (const file of [
+    "blkio.throttle.read_bps_device",
+    "blkio.throttle.write_bps_device",
+    "blkio.throttle.read_iops_device",
+    "blkio.throttle.write_iops_device",
+  ]) {
+    const text = await fs.readFile(join(blkio, file), "utf8").catch(() => "")
+    for (const line of text.split("\n")) {
+      const device = line.trim().split(/\s+/)[0]
+      if (device) await fs.writeFile(join(blkio, file), `${device} 0`).catch(() => undefined)
+    }
+  }
+}
+
 /** The hierarchies mounted under `root` (crun makes a machine's group in each). */
 export const hierarchies = async (root: string): Promise<Array<string>> =>
   (await fs.readdir(root, { withFileTypes: true }).catch(() => []))

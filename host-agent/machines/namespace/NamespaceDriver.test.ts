@@ -3,7 +3,7 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
-import { make } from "./NamespaceDriver.ts"
+import { cpusOf, make } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
@@ -39,6 +39,19 @@ const withMachine = <A>(
       }),
     ),
   )
+
+describe("cores of a machine", () => {
+  it("pins a machine smaller than the host to the least used cores, and a large one to none", () => {
+    expect(cpusOf(1, [], 2)).toBe("0")
+    expect(cpusOf(1, ["0"], 2)).toBe("1")
+    expect(cpusOf(1, ["0", "1"], 2)).toBe("0")
+    expect(cpusOf(1, ["0", "0-1"], 2)).toBe("1")
+    expect(cpusOf(2, ["0-3", "1", "2"], 4)).toBe("0,3")
+    expect(cpusOf(3, ["1-2"], 4)).toBe("0,1,3")
+    expect(cpusOf(2, [], 2)).toBeUndefined()
+    expect(cpusOf(8, ["0"], 4)).toBeUndefined()
+  })
+})
 
 describe("namespace driver", () => {
   it("creates a machine reachable over SSH with its limits, and destroy leaves nothing", async () => {

@@ -170,18 +170,51 @@ const hostLimits = (s: Settings): { readonly pidsMax: number } => {
 }
 const hostLimitsOf = new Map<number, number>()
 
+/** The cores of a cpuset list (`0-2,5`). */
+const coresOf = (list: string): Array<number> =>
+  list
+    .trim()
+    .split(",")
+    .filter((p) => p !== "")
+    .flatMap((part) => {
+      const [a, b] = part.split("-").map(Number)
+      return b === undefined
+        ? [a as number]
+        : Array.from({ length: b - (a as number) + 1 }, (_, i) => (a as number) + i)
+    })
+
 /**
- * The host CPUs a machine of `vcpus` runs on: fewer vCPUs than the host has cores are pinned
- * (`nproc` shows the size), spread over the cores by the machine's network slot; otherwise all.
+ * The host CPUs a machine of `vcpus` runs on: fewer vCPUs than the host has cores are pinned to
+ * the cores the fewest machines are pinned to now (`nproc` shows the size, and two small machines
+ * share a core only when every core is taken); otherwise all. `pinned` lists the other machines'
+ * cpusets.
  */
 export const cpusOf = (
   vcpus: number,
-  slot: number,
+  pinned: ReadonlyArray<string>,
   cores: number = availableParallelism(),
 ): string | undefined => {
   if (vcpus >= cores) return undefined
-  const picked = Array.from({ length: vcpus }, (_, i) => (slot * vcpus + i) % cores).sort((a, b) => a - b)
+  const load = Array.from({ length: cores }, () => 0)
+  for (const list of pinned) for (const c of coresOf(list)) if (c < cores) load[c] = (load[c] ?? 0) + 1
+  const picked = load
+    .map((n, core) => ({ n, core }))
+    .sort((x, y) => x.n - y.n || x.core - y.core)
+    .slice(0, vcpus)
+    .map((x) => x.core)
+    .sort((a, b) => a - b)
   return picked.join(",")
+}
+
+/** The cpusets of the machines on the host now. */
+const pinnedNow = async (s: Settings): Promise<Array<string>> => {
+  const root = join(s.cgroupRoot, "cpuset", "hangar")
+  const out: Array<string> = []
+  for (const id of await fs.readdir(root).catch(() => [] as Array<string>)) {
+    const list = await fs.readFile(join(root, id, "cpuset.cpus"), "utf8").catch(() => "")
+    if (list.trim() !== "") out.push(list)
+  }
+  return out
 }
 
 /** The loop devices backing machine `id`'s disk image. */
@@ -193,30 +226,53 @@ const loopsOf = async (dir: string) =>
 
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
+  // Processes first, with the disk throttles lifted so none is stuck in throttled I/O. Until they
+  // are gone nothing else is released (above all not the network slot, whose uid range they hold):
+  // a failure here leaves the machine whole for the next destroy.
+  await Cgroups.unthrottle(s.cgroupRoot, id)
   await Cgroups.killAll(s.cgroupRoot, id, s.termGraceMs)
+  // The rest is done step by step, each tried whatever the others did; what failed is reported.
+  const failed: Array<string> = []
+  const step = async (what: string, f: () => Promise<unknown>) => {
+    try {
+      await f()
+    } catch (e) {
+      failed.push(`${what}: ${e instanceof Error ? e.message : String(e)}`)
+    }
+  }
   // crun's own record of the container (it removes it when its `run` ends; a killed crun leaves it).
-  await run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined)
+  await step("crun state", () =>
+    run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined),
+  )
   // The mounts lived only in the machine's mount namespaces, which died with its last process;
   // detaching a loop device still in use by a dying mount defers the detach to its release.
-  const until = Date.now() + 5_000
-  for (;;) {
-    const loops = await loopsOf(dir)
-    if (loops.length === 0) break
-    for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
-    if (Date.now() > until) break
-    await sleep(10)
-  }
-  await Cgroups.remove(s.cgroupRoot, id)
-  await Policy.detach(policy, Net.hostIfOf(id))
-  await Net.down(id)
-  await Net.release(s.runDir, id)
-  await fs.rm(dir, { recursive: true, force: true })
+  await step("loop device", async () => {
+    const until = Date.now() + 5_000
+    for (;;) {
+      const loops = await loopsOf(dir)
+      if (loops.length === 0) return
+      for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
+      if (Date.now() > until) throw new Error(`still attached: ${loops.join(" ")}`)
+      await sleep(10)
+    }
+  })
+  await step("cgroups", () => Cgroups.remove(s.cgroupRoot, id))
+  await step("network policy", () => Policy.detach(policy, Net.hostIfOf(id)))
+  await step("network", () => Net.down(id))
+  await step("network slot", () => Net.release(s.runDir, id))
+  await step("folder", () => fs.rm(dir, { recursive: true, force: true }))
+  if (failed.length > 0) throw new Error(failed.join("; "))
 }
 
-/** Bytes the image at `path` may still take from the host's disk (images are sparse). */
-const unallocated = async (path: string) => {
-  const st = await fs.stat(path).catch(() => undefined)
-  return st ? Math.max(0, st.size - st.blocks * 512) : 0
+/**
+ * Bytes machine folder `dir` may still take from the host's disk: what its sparse image may still
+ * grow by, or, before the image is made, the disk it reserved (`reserved`, written before its
+ * admission is checked, so two machines admitted at once each count the other).
+ */
+const unallocated = async (dir: string) => {
+  const st = await fs.stat(join(dir, "disk.img")).catch(() => undefined)
+  if (st !== undefined && st.size > 0) return Math.max(0, st.size - st.blocks * 512)
+  return Number(await fs.readFile(join(dir, "reserved"), "utf8").catch(() => "0")) || 0
 }
 
 /**
@@ -226,7 +282,7 @@ const unallocated = async (path: string) => {
 const checkDiskRoom = async (s: Settings, id: string, diskBytes: number) => {
   let promised = diskBytes
   for (const other of await fs.readdir(s.machinesDir).catch(() => [] as Array<string>)) {
-    if (other !== id) promised += await unallocated(join(s.machinesDir, other, "disk.img"))
+    if (other !== id) promised += await unallocated(join(s.machinesDir, other))
   }
   const st = await fs.statfs(s.machinesDir)
   const free = st.bavail * st.bsize * Math.max(1, s.diskOvercommit)
@@ -268,6 +324,7 @@ const createNow = async (
     for (const d of ["disk", "lower", "root"]) await fs.mkdir(join(dir, d))
 
     step = "disk room"
+    await fs.writeFile(join(dir, "reserved"), String(limits.diskBytes))
     await checkDiskRoom(s, spec.id, limits.diskBytes)
 
     step = "network"
@@ -300,7 +357,7 @@ const createNow = async (
     })
 
     step = "container"
-    const cpus = cpusOf(limits.vcpus, net.slot)
+    const cpus = cpusOf(limits.vcpus, await pinnedNow(s))
     writeFileSync(
       join(dir, "config.json"),
       JSON.stringify(
