@@ -470,7 +470,9 @@ export const connect = (
             try {
               return await once()
             } catch (e) {
-              if (!idempotent || !String(e).includes("lost its file channel")) throw e
+              // ssh2 answers a request pending on a closing channel "No response from server".
+              const channelGone = /lost its file channel|No response from server/.test(String(e))
+              if (!idempotent || !channelGone) throw e
               return await once()
             }
           },
