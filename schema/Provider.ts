@@ -8,6 +8,9 @@ import { Count, Enum, ExternalReference, IntAtLeast, maxBytes, NonEmptyString, T
 import { Actor, ProviderId, ProviderName } from "./Ids.ts"
 import { compactAtTokensMin, compactAtTokensMinAnthropic, vendorKeyMaxBytes } from "./Limits.ts"
 
+/** The smallest `max_output_tokens` OpenAI's Responses API takes. */
+export const openAiMaxOutputTokensMin = 16
+
 /** The model vendors, in the spec's listing order (DESIGN.md). */
 export const Vendor = Enum("openai", "anthropic", "google").annotations({ identifier: "Vendor" })
 export type Vendor = typeof Vendor.Type
@@ -31,7 +34,13 @@ export const ModelInput = Schema.Struct({
             path: ["compact_at_tokens"],
             message: `must be at least ${compactAtTokensMinAnthropic} for anthropic`,
           }
-        : true,
+        : // OpenAI refuses a `max_output_tokens` under 16 on every call; refused here, not per run.
+          m.provider === "openai" && m.max_output_tokens > 0 && m.max_output_tokens < openAiMaxOutputTokensMin
+          ? {
+              path: ["max_output_tokens"],
+              message: `must be 0 (the model's default) or at least ${openAiMaxOutputTokensMin} for openai`,
+            }
+          : true,
     ),
   )
   .annotations({ identifier: "ModelInput" })

@@ -141,6 +141,25 @@ describe("providers", () => {
       "invalid_request",
       "model.max_output_tokens",
     )
+    // OpenAI's own floor: 1 to 15 would fail every call of every run, so the provider is refused.
+    for (const tooFew of [1, 15]) {
+      const refused = await post("/v1/providers", {
+        name: "x",
+        model: openaiModel({ max_output_tokens: tooFew }),
+        key: vendorKey,
+      })
+      expectError(refused, 400, "invalid_request", "model.max_output_tokens")
+      expect(refused.body.error).toContain("at least 16")
+    }
+    expect(
+      (
+        await post("/v1/providers", {
+          name: "x",
+          model: openaiModel({ max_output_tokens: 16 }),
+          key: vendorKey,
+        })
+      ).status,
+    ).toBe(201)
     expectError(
       await post("/v1/providers", { name: "x", model: openaiModel({ model: "gpt-9" }), key: vendorKey }),
       400,

@@ -137,6 +137,13 @@ export const maxContinuations = 5
 /** The API's smallest thinking budget. */
 const minThinkingBudget = 1024
 
+/**
+ * Tokens of `max_tokens` kept for the answer when thinking is on: a quarter, and at least 1,024.
+ * What is left is the most thinking may take; below Anthropic's minimum budget (1,024) the turn
+ * runs without thinking rather than with no room to answer.
+ */
+export const answerReserveOf = (maxTokens: number) => Math.max(1024, Math.ceil(maxTokens / 4))
+
 /** Searches allowed per reply (the spec's limit). */
 export const webSearchMaxUses = 20
 
@@ -252,7 +259,8 @@ export const bodyOf = (
   if (req.web_search)
     tools.push({ type: "web_search_20250305", name: "web_search", max_uses: webSearchMaxUses })
   const wanted = anthropicThinkingBudget[req.reasoning_effort] ?? anthropicThinkingBudget.medium ?? 16_384
-  const budget = Math.min(wanted, maxTokens - 1)
+  // Thinking counts against max_tokens: a share is kept for the answer itself.
+  const budget = Math.min(wanted, maxTokens - answerReserveOf(maxTokens))
   const thinking = req.reasoning_effort !== "" && budget >= minThinkingBudget
   return {
     model: req.model,

@@ -104,7 +104,8 @@ export const anthropicFacts: Readonly<Record<string, ModelFacts>> = {
 /**
  * Extended-thinking budget in tokens for each Anthropic effort (the agent loop sends
  * `thinking: {type: "enabled", budget_tokens}`; the API's minimum is 1024 and the budget must stay
- * below `max_tokens`, so the loop caps it there).
+ * below `max_tokens`: the loop keeps a quarter of `max_tokens`, at least 1,024, for the answer
+ * (`Anthropic.answerReserveOf`) and turns thinking off when less than 1,024 is left for it).
  */
 export const anthropicThinkingBudget: Readonly<Record<string, number>> = {
   low: 4_096,

@@ -650,7 +650,7 @@ describe("Anthropic specifics", () => {
   it.scoped("headers, max_tokens from the model's maximum, thinking budgets, the web search tool", () =>
     Effect.gen(function* () {
       const { fake, chat } = yield* over(AnthropicFake.make({ keys: [KEY] }))
-      for (let i = 0; i < 4; i++) fake.replyText("x")
+      for (let i = 0; i < 5; i++) fake.replyText("x")
       yield* chat.reply(requestFor("anthropic", { web_search: true }))
       const request = fake.requests.at(-1)
       expect(request?.headers["x-api-key"]).toBe(KEY)
@@ -668,12 +668,14 @@ describe("Anthropic specifics", () => {
       expect(fake.lastChat().body.thinking).toBeUndefined()
       yield* chat.reply(requestFor("anthropic", { reasoning_effort: "low" }))
       expect(fake.lastChat().body.thinking).toEqual({ type: "enabled", budget_tokens: 4096 })
-      // The budget stays below max_tokens…
+      // The budget leaves a quarter of max_tokens (at least 1,024) for the answer…
+      yield* chat.reply(requestFor("anthropic", { reasoning_effort: "high", max_output_tokens: 8000 }))
+      expect(fake.lastChat().body).toMatchObject({ max_tokens: 8000, thinking: { budget_tokens: 6000 } })
+      yield* chat.reply(requestFor("anthropic", { reasoning_effort: "high", max_output_tokens: 2048 }))
+      expect(fake.lastChat().body).toMatchObject({ max_tokens: 2048, thinking: { budget_tokens: 1024 } })
+      // …and when that leaves less than Anthropic's minimum budget (1,024), no thinking at all.
       yield* chat.reply(requestFor("anthropic", { reasoning_effort: "high", max_output_tokens: 2000 }))
-      expect(fake.lastChat().body).toMatchObject({ max_tokens: 2000, thinking: { budget_tokens: 1999 } })
-      // …and when no budget of at least 1024 fits, the turn runs without thinking.
-      yield* chat.reply(requestFor("anthropic", { reasoning_effort: "high", max_output_tokens: 1024 }))
-      expect(fake.lastChat().body).toMatchObject({ max_tokens: 1024 })
+      expect(fake.lastChat().body).toMatchObject({ max_tokens: 2000 })
       expect(fake.lastChat().body.thinking).toBeUndefined()
     }),
   )

@@ -175,6 +175,16 @@ describe("vendor fakes", () => {
       expect(JSON.parse(orphan.text).error.message).toBe(
         "No tool call found for function call output with call_id c1.",
       )
+      const tooFew = yield* call(`${openai.url}/v1/responses`, {
+        method: "POST",
+        headers: { authorization: "Bearer k" },
+        body: JSON.stringify({ model: "gpt-5", input: [], max_output_tokens: 15 }),
+      })
+      expect(tooFew.status).toBe(400)
+      expect(JSON.parse(tooFew.text).error).toMatchObject({
+        param: "max_output_tokens",
+        code: "integer_below_min_value",
+      })
 
       const anthropic = yield* AnthropicFake.make({ keys: ["k"] })
       const headers = { "x-api-key": "k", "anthropic-version": "2023-06-01" }

@@ -209,6 +209,19 @@ const validateResponses = (request: RecordedRequest): Reply | undefined => {
     return error(400, "Missing required parameter: 'model'.", "invalid_request_error")
   if (!Array.isArray(body.input))
     return error(400, "Missing required parameter: 'input'.", "invalid_request_error")
+  // The Responses API's floor for `max_output_tokens`.
+  if (typeof body.max_output_tokens === "number" && body.max_output_tokens < 16)
+    return {
+      status: 400,
+      json: {
+        error: {
+          message: `Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got ${body.max_output_tokens} instead.`,
+          type: "invalid_request_error",
+          param: "max_output_tokens",
+          code: "integer_below_min_value",
+        },
+      },
+    }
   const calls = new Set<string>()
   for (const item of objects(body.input)) {
     if (item.type === "function_call") calls.add(String(item.call_id))
