@@ -34,6 +34,7 @@ import {
   tarGz,
   upload,
   waitCommand,
+  waitCommandRunning,
   waitRun,
 } from "./harness/Stack.ts"
 
@@ -286,12 +287,7 @@ describe("a run from publish to output", () => {
       201,
       "bash",
     )
-    for (let i = 0; ; i++) {
-      const seen = await call(stack, "GET", `/v1/runs/${run}/commands/${long.id}`, acct.admin)
-      if (seen.body?.state === "running") break
-      if (i > 300) throw new Error(`the sleep never ran: ${JSON.stringify(seen.body)}`)
-      await new Promise((r) => setTimeout(r, 50))
-    }
+    await waitCommandRunning(stack, acct, run, long.id)
     const finish = expectStatus(
       await sendCommandAnswer(stack, acct, run, "finish", { state: "succeeded" }),
       201,

@@ -89,6 +89,33 @@ const schedulerWhere = (f: (s: SchedulerState) => boolean, what: string) =>
 const runWhere = (run: string, f: (r: StoredRun) => boolean, what: string) =>
   eventually(Effect.map(storedRun(account, run), Option.filter(f)), "30 seconds", what)
 
+/** A host with room, and a run of size `s` placed and started on it; answers the run and the host's inbox. */
+const placedOn = (host: string) =>
+  Effect.gen(function* () {
+    yield* Client.adjust(account, "purchase", 10_000_000_000)
+    const hostBox = yield* inbox(Host, host)
+    yield* writeHost(hostRecord(host, { vcpus: 4, memory_mib: 16_384 }))
+    const run = yield* create("s")
+    expect(yield* hostBox.next()).toEqual({
+      _tag: "Place",
+      run,
+      account,
+      size: "s",
+      vcpus: 1,
+      memory_mib: 2048,
+    })
+    yield* writeHost(hostRecord(host, { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")]))
+    yield* Mailbox.send(
+      Run,
+      run,
+      { _tag: "Started", host, at: timestamp(Date.now()) },
+      { msgId: `s:${host}` },
+    )
+    yield* Mailbox.send(Scheduler, schedulerId, { _tag: "Placed", run, host }, { msgId: `p:${host}` })
+    yield* schedulerWhere((s) => s.placed[run] === host, "placed")
+    return { run, hostBox }
+  })
+
 const succeed = (run: string) =>
   Mailbox.send(
     Run,
@@ -226,21 +253,7 @@ describe("scheduler", () => {
   it.live("a run on a host that stopped beating fails infrastructure", () =>
     withWorker(() =>
       Effect.gen(function* () {
-        yield* Client.adjust(account, "purchase", 10_000_000_000)
-        const hostBox = yield* inbox(Host, "h-gone")
-        yield* writeHost(hostRecord("h-gone", { vcpus: 4, memory_mib: 16_384 }))
-        const run = yield* create("s")
-        const place = yield* hostBox.next()
-        expect(place).toEqual({ _tag: "Place", run, account, size: "s", vcpus: 1, memory_mib: 2048 })
-        yield* writeHost(hostRecord("h-gone", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")]))
-        yield* Mailbox.send(
-          Run,
-          run,
-          { _tag: "Started", host: "h-gone", at: timestamp(Date.now()) },
-          { msgId: "s" },
-        )
-        yield* Mailbox.send(Scheduler, schedulerId, { _tag: "Placed", run, host: "h-gone" }, { msgId: "p" })
-        yield* schedulerWhere((s) => s.placed[run] === "h-gone", "placed")
+        const { run, hostBox } = yield* placedOn("h-gone")
         // Its last heartbeat 20 seconds ago, and no newer one while the scheduler watches: gone.
         yield* writeHost(
           hostRecord("h-gone", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")], Date.now() - 20_000),
@@ -262,25 +275,7 @@ describe("scheduler", () => {
     () =>
       withWorker(() =>
         Effect.gen(function* () {
-          yield* Client.adjust(account, "purchase", 10_000_000_000)
-          const hostBox = yield* inbox(Host, "h-frozen")
-          yield* writeHost(hostRecord("h-frozen", { vcpus: 4, memory_mib: 16_384 }))
-          const run = yield* create("s")
-          expect(yield* hostBox.next()).toMatchObject({ _tag: "Place", run })
-          yield* writeHost(hostRecord("h-frozen", { vcpus: 4, memory_mib: 16_384 }, [machineOf(run, "s")]))
-          yield* Mailbox.send(
-            Run,
-            run,
-            { _tag: "Started", host: "h-frozen", at: timestamp(Date.now()) },
-            { msgId: "fs" },
-          )
-          yield* Mailbox.send(
-            Scheduler,
-            schedulerId,
-            { _tag: "Placed", run, host: "h-frozen" },
-            { msgId: "fp" },
-          )
-          yield* schedulerWhere((s) => s.placed[run] === "h-frozen", "placed")
+          const { run } = yield* placedOn("h-frozen")
           // What a NATS server back from a 15 s freeze shows: the host's last heartbeat is old...
           yield* writeHost(
             hostRecord(

@@ -767,6 +767,25 @@ export const waitCommand = async (
   throw new Error(`command ${command} of ${run} did not end within ${timeoutMs} ms: ${last}`)
 }
 
+/** Waits until a command is `running` on its machine (GET …/commands/{cid}, polled). */
+export const waitCommandRunning = async (
+  stack: Stack,
+  account: TestAccount,
+  run: string,
+  command: string,
+  timeoutMs = 30_000,
+): Promise<void> => {
+  const deadline = Date.now() + timeoutMs
+  let last = "no answer"
+  while (Date.now() < deadline) {
+    const seen = await call(stack, "GET", `/v1/runs/${run}/commands/${command}`, account.admin)
+    if (seen.body?.state === "running") return
+    last = seen.text
+    await pause(20)
+  }
+  throw new Error(`command ${command} of ${run} never ran within ${timeoutMs} ms: ${last}`)
+}
+
 /** Sends a command and waits for its end; answers the ended record. */
 export const command = async (
   stack: Stack,
