@@ -224,6 +224,20 @@ describe("root in a machine is an unprivileged tenant of the host", () => {
     expect(tcp.output).not.toMatch(/rc=0/)
   })
 
+  it("pings with ICMP datagram sockets, but may not open raw ones", async () => {
+    const out = await sh(
+      a,
+      `python3 -c '
+import socket
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); print("icmp datagram: ok")
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("raw: opened")
+except PermissionError:
+    print("raw: refused")'`,
+    )
+    expect(out.output).toBe("icmp datagram: ok\nraw: refused\n")
+  })
+
   it("its mount table names no host folder", async () => {
     const mounts = (await sh(a, "cat /proc/self/mountinfo")).output
     const base = (await ensureTestBase()).rootfs

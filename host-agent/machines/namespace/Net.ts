@@ -98,14 +98,6 @@ export const up = async (
       `route add default via ${n.hostAddress}`,
     ].join("\n"),
   })
-  // The machine has no raw sockets (no `CAP_NET_RAW`): let it ping with ICMP datagram sockets.
-  await run("nsenter", [
-    `--net=/run/netns/${n.netns}`,
-    "sysctl",
-    "-q",
-    "-w",
-    "net.ipv4.ping_group_range=0 2147483647",
-  ])
   if (bytesPerSecond !== undefined) {
     await run("tc", ["-batch", "-"], { input: shape(n.hostIf, bytesPerSecond) })
     await run("tc", ["-n", n.netns, "-batch", "-"], { input: shape("eth0", bytesPerSecond) })

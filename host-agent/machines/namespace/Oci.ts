@@ -330,6 +330,8 @@ export const configOf = (m: MachineConfig) => ({
       { type: "user" },
       { type: "network" },
     ],
+    // The machine has no raw sockets (no `CAP_NET_RAW`): it pings with ICMP datagram sockets.
+    sysctl: { "net.ipv4.ping_group_range": `0 ${ID_COUNT - 1}` },
     cgroupsPath: m.cgroupsPath,
     resources: {
       devices: [{ allow: false, access: "rwm" }],
