@@ -63,7 +63,7 @@ describe("paths no Linux path can be", () => {
     ["\udc00", "a lone low surrogate"],
     [`/workspace/${"a".repeat(256)}`, "a name of 256 bytes"],
     [`/workspace/${"é".repeat(128)}`, "a name of 256 bytes in two-byte characters"],
-    [`/${"d/".repeat(2048)}`, "4,097 bytes"],
+    [`/${"d/".repeat(2047)}x`, "4,096 bytes"],
   ]
   const fields: ReadonlyArray<[string, string, (path: string) => Record<string, unknown>]> = [
     ["read", "file_path", (p) => ({ file_path: p })],
@@ -172,6 +172,14 @@ describe("bodies nested deep", () => {
       })
       expect(atLimit.status).toBeLessThan(500)
       expect(((await atLimit.json()) as { error: string }).error).not.toMatch(/nest/)
+      // One level more (the wrapping object counts) is refused for its depth.
+      const overLimit = await fetch(`${stack.url}${path}`, {
+        method,
+        headers: { ...headers, "content-type": "application/json" },
+        body: wrap(nested(jsonDepthMax, "[", "]")),
+      })
+      expect(overLimit.status).toBe(400)
+      expect(((await overLimit.json()) as { error: string }).error).toMatch(/^body: .*nest/)
     }
     expect((await fetch(`${stack.url}/v1/health`)).status).toBe(200)
   })
