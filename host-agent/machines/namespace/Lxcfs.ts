@@ -26,43 +26,54 @@ export const procFiles: ReadonlyArray<string> = [
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
-const serving = () =>
-  readFile(join(MOUNT, "proc", "meminfo"), "utf8").then(
+const serving = (mount: string) =>
+  readFile(join(mount, "proc", "meminfo"), "utf8").then(
     (text) => text.includes("MemTotal"),
     () => false,
   )
 
-let started: Promise<boolean> | undefined
+const starts = new Map<string, Promise<boolean>>()
 
-const start = async (): Promise<boolean> => {
-  if (await serving()) return true
+const start = async (mount: string, pidFile: string): Promise<boolean> => {
+  if (await serving(mount)) return true
   try {
     await access("/usr/bin/lxcfs", constants.X_OK)
   } catch {
     return false
   }
-  await mkdir(MOUNT, { recursive: true })
-  // A dead lxcfs leaves its mount behind ("transport endpoint is not connected").
-  await run("umount", ["-l", MOUNT]).catch(() => undefined)
-  // lxcfs daemonizes itself once mounted; a second start (another host agent racing) fails and
-  // finds the first serving.
-  const child = spawn(
-    "/usr/bin/lxcfs",
-    ["--enable-cfs", "--enable-loadavg", "--disable-swap", "--pidfile", "/run/hangar-lxcfs.pid", MOUNT],
-    { detached: true, stdio: "ignore" },
-  )
-  child.on("error", () => undefined)
-  child.unref()
-  for (let i = 0; i < 500; i++) {
-    if (await serving()) return true
-    await sleep(10)
+  try {
+    // A dead lxcfs (killed with the processes of a session, or crashed) leaves its mount behind:
+    // every access to it, even mkdir of the mount point, fails ENOTCONN ("transport endpoint is not
+    // connected") until it is unmounted.
+    await run("umount", ["-l", mount]).catch(() => undefined)
+    await mkdir(mount, { recursive: true })
+    // lxcfs daemonizes itself once mounted; a second start (another host agent racing) fails and
+    // finds the first serving.
+    const child = spawn(
+      "/usr/bin/lxcfs",
+      ["--enable-cfs", "--enable-loadavg", "--disable-swap", "--pidfile", pidFile, mount],
+      { detached: true, stdio: "ignore" },
+    )
+    child.on("error", () => undefined)
+    child.unref()
+    for (let i = 0; i < 500; i++) {
+      if (await serving(mount)) return true
+      await sleep(10)
+    }
+  } catch {
+    // lxcfs only makes `free` and `nproc` show the machine's size: a machine is made without it.
   }
   return false
 }
 
-/** Whether lxcfs serves (starting it when it does not); `false` when it is not installed or will not start. */
-export const ensure = async (): Promise<boolean> => {
-  if (started !== undefined && (await started) && (await serving())) return true
-  started = start()
-  return started
+/**
+ * Whether lxcfs serves at `mount` (starting it when it does not, and restarting it when it died);
+ * `false` when it is not installed or will not start, and the machine is made without it.
+ */
+export const ensure = async (mount = MOUNT, pidFile = "/run/hangar-lxcfs.pid"): Promise<boolean> => {
+  const earlier = starts.get(mount)
+  if (earlier !== undefined && (await earlier) && (await serving(mount))) return true
+  const now = start(mount, pidFile)
+  starts.set(mount, now)
+  return now
 }

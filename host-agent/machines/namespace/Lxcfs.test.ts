@@ -1,0 +1,59 @@
+import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, describe, expect, it } from "vitest"
+import { run } from "./exec.ts"
+import * as Lxcfs from "./Lxcfs.ts"
+
+// A session's end (or a crash) can take lxcfs with it and leave its FUSE mount behind; every access
+// to the mount then fails ENOTCONN, mkdir of the mount point included. CI once failed every
+// machine create on exactly that. This test uses a mount of its own, not the host's.
+describe("lxcfs", () => {
+  const dirs: Array<string> = []
+  const pids: Array<number> = []
+
+  afterAll(async () => {
+    for (const pid of pids) {
+      try {
+        process.kill(pid, "SIGKILL")
+      } catch {}
+    }
+    for (const dir of dirs) {
+      await run("umount", ["-l", join(dir, "mnt")]).catch(() => undefined)
+      await rm(dir, { recursive: true, force: true })
+    }
+  })
+
+  it("is started again over the mount a killed lxcfs left behind", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "hangar-lxcfs-"))
+    dirs.push(dir)
+    const mount = join(dir, "mnt")
+    const pidFile = join(dir, "lxcfs.pid")
+    expect(await Lxcfs.ensure(mount, pidFile)).toBe(true)
+    const first = Number((await readFile(pidFile, "utf8")).trim())
+    pids.push(first)
+    expect(await readFile(join(mount, "proc", "meminfo"), "utf8")).toContain("MemTotal")
+
+    process.kill(first, "SIGKILL")
+    // The mount stays, and answers nothing.
+    const stale = await (async () => {
+      for (let i = 0; i < 200; i++) {
+        const error = await mkdir(mount, { recursive: true }).then(
+          () => undefined,
+          (e: NodeJS.ErrnoException) => e.code,
+        )
+        if (error !== undefined) return error
+        await new Promise((r) => setTimeout(r, 10))
+      }
+      return "still served"
+    })()
+    // ECONNABORTED while the kernel aborts the connection, ENOTCONN after.
+    expect(["ENOTCONN", "ECONNABORTED"]).toContain(stale)
+
+    expect(await Lxcfs.ensure(mount, pidFile)).toBe(true)
+    const second = Number((await readFile(pidFile, "utf8")).trim())
+    pids.push(second)
+    expect(second).not.toBe(first)
+    expect(await readFile(join(mount, "proc", "meminfo"), "utf8")).toContain("MemTotal")
+  })
+})
