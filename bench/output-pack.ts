@@ -5,7 +5,8 @@
 // into a real object store (sealed) three times, alternating, and prints seconds, MiB/s and archive size.
 import { Effect } from "effect"
 import { type Compressor, pack } from "../host-agent/guest/Outputs.ts"
-import { storageRuntime, store, testGuest } from "../host-agent/guest/testing.ts"
+import { store, testGuest } from "../host-agent/guest/testing.ts"
+import { storageRuntime } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 
 const MIB = 1024 * 1024

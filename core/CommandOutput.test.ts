@@ -3,30 +3,35 @@
  * (`readOutputAt`), over a real nats-server. The reader itself is tested with the sink that writes
  * it (`host-agent/commands/OutputSink.test.ts`).
  */
-import { Deferred, Effect, Exit, Fiber, ManagedRuntime } from "effect"
+import { Deferred, Effect, Exit, Fiber } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
-import { layerAll } from "../test/harness/NatsServer.ts"
-import { awaitOutputAfter, outputHeaders, readOutputAt } from "./CommandOutput.ts"
+import { storageRuntime } from "../test/harness/NatsServer.ts"
+import { awaitOutputAfter, outputHeaders, outputObject, readOutputAt } from "./CommandOutput.ts"
 import { makeId } from "./Ids.ts"
+import { SealStream } from "./SealStream.ts"
 import { Storage } from "./Storage.ts"
 import { publish } from "./Stream.ts"
 
-const runtime = ManagedRuntime.make(layerAll())
+const runtime = storageRuntime()
 afterAll(() => runtime.dispose())
+
+const ACC = makeId("acc")
 
 const ids = () => ({ run: makeId("run"), cmd: makeId("cmd") })
 
-// One output chunk at `offset`, as the host agent's sink publishes it.
+// One output chunk at `offset`, as the host agent's sink publishes it (sealed for the account).
 const chunk = (run: string, cmd: string, offset: number, text: string) =>
-  Effect.flatMap(Storage, ({ names }) =>
-    publish(names.subjects.output(run, cmd), text, {
+  Effect.gen(function* () {
+    const { names } = yield* Storage
+    const pieces = yield* Effect.flatMap(SealStream, (s) => s.pieces(ACC, outputObject(run, cmd)))
+    return yield* publish(names.subjects.output(run, cmd), pieces.seal(offset, Buffer.from(text)), {
       msgId: `${cmd}:${offset}`,
       headers: {
         [outputHeaders.offset]: String(offset),
         [outputHeaders.outputBytes]: String(offset + Buffer.byteLength(text)),
       },
-    }),
-  )
+    })
+  })
 
 describe("awaitOutputAfter", () => {
   it("waits for the next chunk after the sequence read, and not for the ones before", () =>
@@ -34,7 +39,7 @@ describe("awaitOutputAfter", () => {
       Effect.gen(function* () {
         const { run, cmd } = ids()
         yield* chunk(run, cmd, 0, "one ")
-        const first = yield* readOutputAt(run, cmd, 0)
+        const first = yield* readOutputAt(ACC, run, cmd, 0)
         expect(first.output).toMatchObject({ output: "one ", next: 4, done: false })
         expect(first.lastSeq).toBeGreaterThan(0)
         const started = yield* Deferred.make<void>()
@@ -47,7 +52,7 @@ describe("awaitOutputAfter", () => {
         expect(yield* Fiber.poll(waiting).pipe(Effect.map((o) => o._tag))).toBe("None")
         yield* chunk(run, cmd, 4, "two")
         yield* Fiber.join(waiting)
-        expect((yield* readOutputAt(run, cmd, 4)).output.output).toBe("two")
+        expect((yield* readOutputAt(ACC, run, cmd, 4)).output.output).toBe("two")
       }),
     ))
 
@@ -55,7 +60,7 @@ describe("awaitOutputAfter", () => {
     runtime.runPromise(
       Effect.gen(function* () {
         const { run, cmd } = ids()
-        const before = yield* readOutputAt(run, cmd, 0)
+        const before = yield* readOutputAt(ACC, run, cmd, 0)
         expect(before.lastSeq).toBe(0)
         yield* chunk(run, cmd, 0, "early")
         // Completes at once: the stream already holds a message after the sequence read.

@@ -2,7 +2,8 @@
  * Reading a command's output back out of the `OUTPUT` stream (`out.<run>.<cmd>`), for the host
  * agent and the gateway alike (the host agent's `OutputSink` writes it; see there for the message
  * layout: chunks carry their byte offset in `Hangar-Offset`, a payload-free marker with
- * `Hangar-Done: 1` records the totals when the command ended).
+ * `Hangar-Done: 1` records the totals when the command ended). Each chunk is sealed for the run's
+ * account (`SealStream.pieces` of `outputObject(run, cmd)` at the chunk's offset) and opened here.
  *
  * The reader pages by byte offset: the chunk holding the offset is found by a binary search over
  * stream sequences (offsets grow with sequence), then the window is read in order.
@@ -14,7 +15,10 @@
 import { DeliverPolicy } from "@nats-io/jetstream"
 import { Effect, Option, Stream } from "effect"
 import type { CommandOutput } from "../schema/Command.ts"
+import { DecryptFailed, OVERHEAD } from "./Aead.ts"
+import type { KeyringError } from "./Keyring.ts"
 import { attempt, Nats, NatsError } from "./Nats.ts"
+import { SealStream } from "./SealStream.ts"
 import { Storage } from "./Storage.ts"
 import { dropConsumer, getMessage, readSubject, type StoredMessage } from "./StreamRead.ts"
 
@@ -33,7 +37,13 @@ export const outputHeaders = {
   storedBytes: "Hangar-Stored-Bytes",
 } as const
 
+/** The sealed object a command's output chunks are pieces of. */
+export const outputObject = (run: string, cmd: string): string => `output/${run}/${cmd}`
+
 const offsetOf = (m: StoredMessage) => Number(m.header(outputHeaders.offset) ?? 0)
+/** Output bytes a message holds: a chunk's sealed bytes less the seal's; the marker holds none. */
+const bytesOf = (m: StoredMessage) =>
+  m.header(outputHeaders.done) === "1" ? 0 : Math.max(0, m.data.length - OVERHEAD)
 
 /**
  * How many bytes at the end of `bytes` are the start of a multibyte character whose rest is not
@@ -63,11 +73,12 @@ export interface OutputRead {
  * wait for more (`awaitOutputAfter`) starts.
  */
 export const readOutputAt = (
+  account: string,
   run: string,
   cmd: string,
   after: number,
   maxBytes: number = READ_MAX_BYTES,
-): Effect.Effect<OutputRead, NatsError, Nats | Storage> =>
+): Effect.Effect<OutputRead, NatsError | KeyringError | DecryptFailed, Nats | Storage | SealStream> =>
   Effect.gen(function* () {
     const { names } = yield* Storage
     const stream = names.streams.OUTPUT.name
@@ -83,7 +94,7 @@ export const readOutputAt = (
       }
     const last = lastFound.value
     const ended = last.header(outputHeaders.done) === "1"
-    const storedEnd = offsetOf(last) + last.data.length
+    const storedEnd = offsetOf(last) + bytesOf(last)
     const output_bytes = Number(last.header(outputHeaders.outputBytes) ?? storedEnd)
     const stored_bytes = ended ? Number(last.header(outputHeaders.storedBytes) ?? storedEnd) : storedEnd
     if (after >= storedEnd)
@@ -105,16 +116,19 @@ export const readOutputAt = (
 
     const end = Math.min(after + limit, storedEnd)
     const window = Buffer.alloc(end - after)
+    const pieces = yield* Effect.flatMap(SealStream, (seal) => seal.pieces(account, outputObject(run, cmd)))
     yield* readSubject(stream, subject, lo, last.seq).pipe(
-      Stream.takeUntil((m) => offsetOf(m) + m.data.length >= end),
-      Stream.runForEach((m) =>
-        Effect.sync(() => {
-          const at = offsetOf(m)
-          const from = Math.max(after, at)
-          const to = Math.min(end, at + m.data.length)
-          if (to > from) window.set(m.data.subarray(from - at, to - at), from - after)
-        }),
-      ),
+      Stream.takeUntil((m) => offsetOf(m) + bytesOf(m) >= end),
+      Stream.runForEach((m) => {
+        const at = offsetOf(m)
+        const from = Math.max(after, at)
+        const to = Math.min(end, at + bytesOf(m))
+        if (to <= from) return Effect.void
+        const plain = pieces.open(at, m.data)
+        if (plain instanceof DecryptFailed) return Effect.fail(plain)
+        window.set(plain.subarray(from - at, to - at), from - after)
+        return Effect.void
+      }),
     )
     // More bytes follow (now or later): do not return the first part of a character.
     const moreToCome = end < storedEnd || !ended
@@ -140,12 +154,13 @@ export const readOutputAt = (
  * after the bytes returned; `done` once the command ended and everything kept was read.
  */
 export const readOutput = (
+  account: string,
   run: string,
   cmd: string,
   after: number,
   maxBytes: number = READ_MAX_BYTES,
-): Effect.Effect<CommandOutput, NatsError, Nats | Storage> =>
-  Effect.map(readOutputAt(run, cmd, after, maxBytes), (r) => r.output)
+): Effect.Effect<CommandOutput, NatsError | KeyringError | DecryptFailed, Nats | Storage | SealStream> =>
+  Effect.map(readOutputAt(account, run, cmd, after, maxBytes), (r) => r.output)
 
 /**
  * Completes once the stream holds a message of command `cmd` after stream sequence `afterSeq`

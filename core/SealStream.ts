@@ -30,7 +30,15 @@ import {
 } from "node:crypto"
 import { Transform } from "node:stream"
 import { Chunk, Context, Effect, Layer, Stream } from "effect"
-import { DecryptFailed, KEY_BYTES, lengthPrefixed, NONCE_BYTES, TAG_BYTES } from "./Aead.ts"
+import {
+  DecryptFailed,
+  KEY_BYTES,
+  lengthPrefixed,
+  NONCE_BYTES,
+  openValue,
+  sealValue,
+  TAG_BYTES,
+} from "./Aead.ts"
 import { Keyring, type KeyringError } from "./Keyring.ts"
 
 export { DecryptFailed } from "./Aead.ts"
@@ -294,8 +302,44 @@ export const toTransform = (machine: Machine, what: string): Transform =>
     },
   })
 
+/**
+ * Pieces of one object sealed one by one, each readable alone (a command's output chunks, stored as
+ * separate messages and read from any offset): the object's key is HKDF-SHA256(data key, info =
+ * account and object id) and each piece is a sealed value (`Aead.sealValue`: random nonce, so a
+ * piece sealed again after a restart never reuses one) whose associated data is (account, object
+ * id, the piece's position). A piece opened at another position, of another object or account, or
+ * altered, fails with `DecryptFailed`. Each piece costs `OVERHEAD` bytes.
+ */
+export interface PieceSealer {
+  readonly seal: (position: number, plaintext: Uint8Array) => Uint8Array
+  readonly open: (position: number, sealed: Uint8Array) => Uint8Array | DecryptFailed
+}
+
+/** The piece sealer of an object, given the account's data key. */
+export const pieceSealer = (dataKey: KeyObject, account: string, objectId: string): PieceSealer => {
+  const context = lengthPrefixed("hangar/pieces/v1", account, objectId)
+  const bytes = Buffer.from(
+    hkdfSync("sha256", dataKey, Buffer.alloc(0), createHash("sha256").update(context).digest(), KEY_BYTES),
+  )
+  const key = createSecretKey(bytes)
+  bytes.fill(0)
+  const aadOf = (position: number) => {
+    const aad = Buffer.alloc(context.byteLength + 8)
+    aad.set(context)
+    aad.writeBigUInt64BE(BigInt(position), context.byteLength)
+    return aad
+  }
+  const what = `piece of ${objectId}`
+  return {
+    seal: (position, plaintext) => sealValue(key, aadOf(position), plaintext),
+    open: (position, sealed) => openValue(key, aadOf(position), sealed, what),
+  }
+}
+
 /** What streaming encryption offers; every method fetches the account's data key from the keyring. */
 export interface SealStreamService {
+  /** The piece sealer of one object. */
+  readonly pieces: (account: string, objectId: string) => Effect.Effect<PieceSealer, KeyringError>
   /** A sealer for one object (for callers that drive bytes by hand, e.g. a uWS `onData`). */
   readonly sealer: (
     account: string,
@@ -338,6 +382,8 @@ export const make = Effect.gen(function* () {
   const opener = (account: string, objectId: string) =>
     keyring.dataKey(account).pipe(Effect.map((key) => makeOpener(key, account, objectId)))
   return {
+    pieces: (account, objectId) =>
+      keyring.dataKey(account).pipe(Effect.map((key) => pieceSealer(key, account, objectId))),
     sealer,
     opener,
     seal:

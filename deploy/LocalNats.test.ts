@@ -1,13 +1,40 @@
 import { type ChildProcess, spawn } from "node:child_process"
-import { existsSync, readFileSync } from "node:fs"
+import { randomBytes } from "node:crypto"
+import { existsSync, readFileSync, statSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Exit, Scope } from "effect"
+import { jetstream, jetstreamManager } from "@nats-io/jetstream"
+import { connect } from "@nats-io/transport-node"
+import { ConfigProvider, Effect, Exit, Redacted, Scope } from "effect"
+import { filesHolding } from "../test/harness/files.ts"
 import * as LocalNats from "./LocalNats.ts"
 import * as NatsProcess from "./NatsProcess.ts"
 import { dataDir as defaultDataDir } from "./tools.mjs"
+
+/** Stores `text` as the first message of a new stream `name`. */
+const publish = (url: string, name: string, text: string) =>
+  Effect.promise(async () => {
+    const nc = await connect({ servers: url })
+    try {
+      await (await jetstreamManager(nc)).streams.add({ name, subjects: [`${name.toLowerCase()}.>`] })
+      await jetstream(nc).publish(`${name.toLowerCase()}.a`, text)
+    } finally {
+      await nc.close()
+    }
+  })
+
+const firstMessage = (url: string, name: string) =>
+  Effect.promise(async () => {
+    const nc = await connect({ servers: url })
+    try {
+      const m = await (await jetstreamManager(nc)).streams.getMessage(name, { seq: 1 })
+      return m === null ? undefined : new TextDecoder().decode(m.data)
+    } finally {
+      await nc.close()
+    }
+  })
 
 const tempDataDir = Effect.acquireRelease(
   Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-localnats-test-"))),
@@ -180,9 +207,57 @@ describe("LocalNats", () => {
       const fromEnv = yield* read.pipe(
         Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["HANGAR_NATS_PORT", "4333"]]))),
       )
-      expect(fromEnv).toEqual({ dataDir: defaultDataDir, host: "127.0.0.1", port: 4333 })
+      expect(fromEnv).toMatchObject({ dataDir: defaultDataDir, host: "127.0.0.1", port: 4333 })
       const defaults = yield* read.pipe(Effect.withConfigProvider(ConfigProvider.fromMap(new Map())))
-      expect(defaults).toEqual({ dataDir: defaultDataDir, host: "127.0.0.1", port: 4222 })
+      expect(defaults).toMatchObject({ dataDir: defaultDataDir, host: "127.0.0.1", port: 4222 })
+      expect(Redacted.value(defaults.storeKey)).toBe("")
+      const keyed = yield* read.pipe(
+        Effect.withConfigProvider(
+          ConfigProvider.fromMap(new Map([["HANGAR_NATS_STORE_KEY", "k".repeat(64)]])),
+        ),
+      )
+      expect(Redacted.value(keyed.storeKey)).toBe("k".repeat(64))
     }),
+  )
+
+  it.scoped(
+    "encrypts its store: a canary is in no file of the store; the key is the 0600 file's and reads the data back",
+    () =>
+      Effect.gen(function* () {
+        const dataDir = yield* tempDataDir
+        const canary = `canary-${randomBytes(8).toString("hex")}`
+        // A store first written in clear (as before encryption), then started by LocalNats.
+        const plain = yield* Scope.make()
+        const orphan = yield* NatsProcess.start({ storeDir: join(dataDir, "nats"), syncAlways: false }).pipe(
+          Scope.extend(plain),
+        )
+        yield* publish(orphan.url, "CLEAR", `${canary}-before`)
+        yield* Scope.close(plain, Exit.void)
+        expect(
+          yield* Effect.promise(() => filesHolding(join(dataDir, "nats"), `${canary}-before`)),
+        ).not.toEqual([])
+
+        const first = yield* Scope.make()
+        const server = yield* start(dataDir).pipe(Scope.extend(first))
+        yield* publish(server.url, "LATER", `${canary}-after`)
+        const keyFile = join(dataDir, "nats-store.key")
+        expect(statSync(keyFile).mode & 0o777).toBe(0o600)
+        expect(readFileSync(keyFile)).toHaveLength(32)
+        yield* Scope.close(first, Exit.void)
+        expect(yield* Effect.promise(() => filesHolding(dataDir, canary))).toEqual([])
+
+        // The next start finds both messages.
+        const again = yield* start(dataDir)
+        expect(yield* firstMessage(again.url, "CLEAR")).toBe(`${canary}-before`)
+        expect(yield* firstMessage(again.url, "LATER")).toBe(`${canary}-after`)
+        // The key never reaches a file but its own: not the config, not the log.
+        const key = readFileSync(keyFile).toString("hex")
+        expect(yield* Effect.promise(() => filesHolding(dataDir, key))).toEqual([])
+        expect(
+          yield* Effect.promise(() =>
+            filesHolding(tmpdir(), key, (name) => name.startsWith("hangar-nats-run-")),
+          ),
+        ).toEqual([])
+      }),
   )
 })

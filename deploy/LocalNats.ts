@@ -8,13 +8,20 @@
  * process) is stale and taken over, after stopping the nats-server it recorded if that still runs
  * (a SIGKILLed parent leaves its child running). The lock is removed when the scope closes, after
  * the server has stopped.
+ *
+ * The store is encrypted at rest (see `NatsProcess`): the key is `HANGAR_NATS_STORE_KEY` when set
+ * (a secret manager's), else the file `<dataDir>/nats-store.key`, made once (0600) like the master
+ * key. Losing the key loses the store.
  */
+
+import { randomBytes } from "node:crypto"
 import { existsSync, readFileSync } from "node:fs"
 import { link, mkdir, readFile, rename, unlink, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import type { Scope } from "effect"
-import { Clock, Context, Data, Duration, Effect, Layer, Option, Schedule } from "effect"
+import { Clock, Context, Data, Duration, Effect, Layer, Option, Redacted, Schedule } from "effect"
 import { defineSettings, env } from "../core/Config.ts"
+import { readOrCreate } from "../core/SecretFile.ts"
 import * as NatsProcess from "./NatsProcess.ts"
 import { dataDir } from "./tools.mjs"
 
@@ -26,13 +33,15 @@ export interface LocalNatsSettingsShape {
   readonly host: string
   /** Client port; -1 lets the server pick a free one (tests). */
   readonly port: number
+  /** The store's key (`HANGAR_NATS_STORE_KEY`); empty reads or makes `<dataDir>/nats-store.key`. */
+  readonly storeKey: Redacted.Redacted<string>
 }
 
 /** Settings of the local nats-server. */
 export const LocalNatsSettings = defineSettings(
   "hangar/LocalNatsSettings",
-  { dataDir, host: "127.0.0.1", port: 4222 } as LocalNatsSettingsShape,
-  (d) => ({ port: env.integer("NATS_PORT", d.port) }),
+  { dataDir, host: "127.0.0.1", port: 4222, storeKey: Redacted.make("") } as LocalNatsSettingsShape,
+  (d) => ({ port: env.integer("NATS_PORT", d.port), storeKey: env.redacted("NATS_STORE_KEY", "") }),
 )
 
 /** Another live process holds the data folder's lock; `pid` is that process. */
@@ -251,7 +260,19 @@ export const make: Effect.Effect<
 > = Effect.gen(function* () {
   const settings = yield* LocalNatsSettings.Tag
   const dataLock = yield* lock(settings.dataDir)
+  const storeKey =
+    Redacted.value(settings.storeKey).length > 0
+      ? settings.storeKey
+      : yield* Effect.tryPromise({
+          try: () => readOrCreate(join(settings.dataDir, "nats-store.key"), () => randomBytes(32)),
+          catch: (e) =>
+            new NatsProcess.NatsProcessError({
+              message: `cannot read or make the store key: ${String(e)}`,
+              stderr: "",
+            }),
+        }).pipe(Effect.map((bytes) => Redacted.make(bytes.toString("hex"))))
   const server = yield* NatsProcess.start({
+    storeKey,
     storeDir: join(settings.dataDir, "nats"),
     host: settings.host,
     port: settings.port,

@@ -94,6 +94,11 @@ describe("NatsProcess", () => {
     expect(NatsProcess.renderConfig({ ...base, syncAlways: true })).toContain("sync_interval: always")
     expect(NatsProcess.renderConfig({ ...base, syncAlways: false })).not.toContain("sync_interval")
     expect(NatsProcess.renderConfig({ ...base, syncAlways: true })).toContain('store_dir: "/s"')
+    expect(NatsProcess.renderConfig({ ...base, syncAlways: true })).not.toContain("cipher")
+    // Encrypted: the key is a variable of the server's environment, never written in the config.
+    const encrypted = NatsProcess.renderConfig({ ...base, syncAlways: true, encrypted: true })
+    expect(encrypted).toContain("  cipher: aes\n")
+    expect(encrypted).toContain(`  key: $${NatsProcess.storeKeyVariable}\n`)
   })
 
   it.scoped("writes the store under the given directory", () =>

@@ -8,6 +8,11 @@
  * timeout and waits for the exit, so no server outlives its scope, nor the process that started it
  * (its exit hook, or the watchdog when it was killed outright). The tail of stderr (the server's
  * log) is kept for error messages.
+ *
+ * With a `storeKey`, JetStream encrypts everything it writes (streams, KV, object stores, their
+ * indexes) with AES-GCM (`cipher: aes`); the key reaches the server through its environment, never
+ * through the config file. A store written without encryption is encrypted by the server when it
+ * starts with a key.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { rmSync } from "node:fs"
@@ -16,7 +21,7 @@ import { connect, type Socket } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Scope } from "effect"
-import { Clock, Data, Duration, Effect, Option, Schedule } from "effect"
+import { Clock, Data, Duration, Effect, Option, Redacted, Schedule } from "effect"
 import { natsServerPath } from "./tools.mjs"
 
 // Servers this process started and has not stopped yet, with their config folders. A process
@@ -70,6 +75,8 @@ export interface NatsProcessOptions {
   readonly serverName?: string
   /** Extra lines appended verbatim to the generated config. */
   readonly extraConfig?: string
+  /** The key JetStream encrypts its store with; none writes the store in clear. */
+  readonly storeKey?: Redacted.Redacted<string>
   /** How long to wait for the server to listen; default 20 seconds. */
   readonly startTimeout?: Duration.DurationInput
   /** How long SIGTERM may take before SIGKILL; default 10 seconds. */
@@ -100,12 +107,16 @@ const STDERR_KEEP = 16 * 1024
 // Waiting for a real process is real time: a TestClock (as in `it.effect`) must not freeze it.
 const liveClock = Clock.make()
 
+/** The environment variable that hands the server its store key. */
+export const storeKeyVariable = "HANGAR_NATS_STORE_KEY_FOR_SERVER"
+
 /** The generated config; strings are JSON-quoted, which the NATS config syntax accepts. */
 export const renderConfig = (
   o: Required<Pick<NatsProcessOptions, "storeDir" | "host" | "port" | "syncAlways">> & {
     readonly portsFileDir: string
     readonly serverName?: string | undefined
     readonly extraConfig?: string | undefined
+    readonly encrypted?: boolean | undefined
   },
 ): string =>
   [
@@ -116,6 +127,9 @@ export const renderConfig = (
     `  store_dir: ${JSON.stringify(o.storeDir)}`,
     // "always" makes every acknowledged write durable across a power cut; the default (2m) does not.
     o.syncAlways ? "  sync_interval: always" : "",
+    // The key is a variable the server resolves from its environment (`storeKeyVariable`).
+    o.encrypted ? "  cipher: aes" : "",
+    o.encrypted ? `  key: $${storeKeyVariable}` : "",
     "}",
     o.extraConfig ?? "",
     "",
@@ -205,6 +219,7 @@ export const start = (
       portsFileDir: runDir,
       serverName: options.serverName,
       extraConfig: options.extraConfig,
+      encrypted: options.storeKey !== undefined,
     })
     yield* Effect.tryPromise({
       try: () => writeFile(configPath, config),
@@ -220,6 +235,10 @@ export const start = (
           const spawned = spawn(binary, ["-c", configPath], {
             stdio: ["ignore", "ignore", "pipe"],
             detached: true,
+            env:
+              options.storeKey === undefined
+                ? process.env
+                : { ...process.env, [storeKeyVariable]: Redacted.value(options.storeKey) },
           })
           running.set(spawned, runDir)
           if (spawned.pid !== undefined) {

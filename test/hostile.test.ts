@@ -4,10 +4,11 @@
  * refused with the spec's status and a message naming the field, changes nothing, and leaves the
  * run and the service working.
  */
-import { createHash } from "node:crypto"
+import { createHash, randomBytes } from "node:crypto"
 import { connect } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { jsonDepthMax } from "../schema/Decode.ts"
+import { filesHolding } from "./harness/files.ts"
 import {
   call,
   closeStack,
@@ -22,6 +23,7 @@ import {
   startStack,
   type TestAccount,
   upload,
+  waitRun,
 } from "./harness/Stack.ts"
 
 let stack: Stack
@@ -271,6 +273,50 @@ describe("uploads", () => {
     expect((await command(stack, acct, run, "put", { file: mine, path: "mine.txt" })).result).toEqual({
       bytes: 5,
     })
+  })
+})
+
+describe("data at rest", () => {
+  it("no file of the NATS store holds a run's secret, what it printed, a file it wrote, or its prompt", async () => {
+    const tag = randomBytes(8).toString("hex")
+    const canaries = {
+      secret: `secret-canary-${tag}`,
+      prompt: `prompt-canary-${tag}`,
+      written: `written-canary-${tag}`,
+    }
+    const fn = await publish(stack, acct, {
+      environment: [{ name: "CANARY", secret: canaries.secret }],
+      timeout_minutes: 60,
+    })
+    const id = (await startRun(stack, acct, fn.function, { prompt: `${canaries.prompt}: print it` })).id
+    // What the command prints is the secret and a canary made in the machine (in no argument).
+    const printed = await command(stack, acct, id, "bash", {
+      command: 'echo "$CANARY"; echo "printed-canary-$(printf %s "$TAG")"; seq 1 20000',
+      env: { TAG: tag },
+    })
+    expect(printed.state).toBe("succeeded")
+    const output = await call(stack, "GET", `/v1/runs/${id}/commands/${printed.id}/output`, acct.admin)
+    expect(output.body.output.startsWith(`${canaries.secret}\nprinted-canary-${tag}\n1\n`)).toBe(true)
+    const write = await command(stack, acct, id, "write", {
+      file_path: "/workspace/out/result.txt",
+      content: `${canaries.written}\n`,
+    })
+    expect(write.result).toEqual({ bytes: canaries.written.length + 1 })
+    expect(
+      (await command(stack, acct, id, "read", { file_path: "/workspace/out/result.txt" })).result,
+    ).toEqual({
+      output: `${canaries.written}\n`,
+    })
+    expect((await command(stack, acct, id, "finish", { state: "succeeded" })).state).toBe("succeeded")
+    const ended = await waitRun(stack, acct, id)
+    expect(ended.state).toBe("succeeded")
+    expect(ended.prompt).toBe(`${canaries.prompt}: print it`)
+
+    // The store holds the run: its files grew by far more than the canaries' bytes.
+    const held = await filesHolding(stack.natsStoreDir, "")
+    expect(held.length).toBeGreaterThan(10)
+    for (const [what, text] of Object.entries({ ...canaries, printed: `printed-canary-${tag}` }))
+      expect(await filesHolding(stack.natsStoreDir, text), what).toEqual([])
   })
 })
 

@@ -234,7 +234,7 @@ export const routes = [
             yield* upTo(Duration.seconds(wait), Records.awaitEnded(run.id, seq))
             return json(noOutput(after, yield* current(run.id, seq, record)))
           }
-          const first = yield* readOutputAt(run.id, record.id, after)
+          const first = yield* readOutputAt(run.account, run.id, record.id, after)
           const answer = outputAnswer(first.output, record)
           if (wait === 0 || answer.done || answer.next > after || Records.isEnded(record)) return json(answer)
           yield* upTo(
@@ -246,7 +246,7 @@ export const routes = [
           )
           // The record first: an output read after it cannot miss what came before its end.
           const now = yield* current(run.id, seq, record)
-          const again = yield* readOutputAt(run.id, record.id, after)
+          const again = yield* readOutputAt(run.account, run.id, record.id, after)
           return json(outputAnswer(again.output, now))
         }),
     }),

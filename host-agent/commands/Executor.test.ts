@@ -4,7 +4,8 @@ import { makeId } from "../../core/Ids.ts"
 import type { ObjectStore } from "../../core/ObjectStore.ts"
 import { SealStream } from "../../core/SealStream.ts"
 import { CommandRecord } from "../../schema/Command.ts"
-import { storageRuntime, store, type TestGuest, testGuest } from "../guest/testing.ts"
+import { storageRuntime } from "../../test/harness/NatsServer.ts"
+import { store, type TestGuest, testGuest } from "../guest/testing.ts"
 import * as Dispatcher from "./Dispatcher.ts"
 import { type CommandContext, execute, type Outcome } from "./Executor.ts"
 import { KEEP_BYTES, readOutput } from "./OutputSink.ts"
@@ -54,16 +55,16 @@ const sh = async (command: string) => {
 // The stream's read once the done marker (which follows a command's end) is stored.
 const untilMarked = (cmd: string) =>
   runtime.runPromise(
-    readOutput(RUN, cmd, 0).pipe(
+    readOutput(ACC, RUN, cmd, 0).pipe(
       Effect.repeat({ until: (o) => o.done, schedule: Schedule.spaced("5 millis") }),
-      Effect.zipRight(readOutput(RUN, cmd, 0)),
+      Effect.zipRight(readOutput(ACC, RUN, cmd, 0)),
     ),
   )
 const readAll = async (cmd: string) => {
   const pages = []
   let after = 0
   for (;;) {
-    const page = await runtime.runPromise(readOutput(RUN, cmd, after))
+    const page = await runtime.runPromise(readOutput(ACC, RUN, cmd, after))
     pages.push(page)
     after = page.next
     if (page.done) return pages
@@ -107,7 +108,7 @@ while n > 0:
     const outcome = await exec(r)
     expect(outcome).toMatchObject({ state: "succeeded", result: { exit_code: 3, output_bytes: 3 } })
     // Every chunk is stored when the command ends; its done marker follows.
-    expect(await runtime.runPromise(readOutput(RUN, r.id, 0))).toMatchObject({
+    expect(await runtime.runPromise(readOutput(ACC, RUN, r.id, 0))).toMatchObject({
       output: "x\uFFFDy",
       next: 3,
       stored_bytes: 3,
@@ -246,7 +247,7 @@ describe("Dispatcher", () => {
           const ticket = yield* d.submit(r)
           // The tree is up once its output says so.
           for (;;) {
-            const page = yield* readOutput(RUN, r.id, 0)
+            const page = yield* readOutput(ACC, RUN, r.id, 0)
             if (page.output.includes("started")) break
             yield* Effect.sleep("20 millis")
           }

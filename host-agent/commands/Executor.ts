@@ -113,7 +113,7 @@ export const execute = (
       case "bash":
         return yield* Effect.scoped(
           Effect.gen(function* () {
-            const sink = yield* OutputSink.make(record.run, record.id, context.sink)
+            const sink = yield* OutputSink.make(context.account, record.run, record.id, context.sink)
             // The done marker is written however the command ends, cancelled included.
             const args =
               context.env === undefined

@@ -1,21 +1,25 @@
-import { Chunk, Effect, ManagedRuntime, Option, Schedule, Stream } from "effect"
+import { Chunk, Effect, Option, Schedule, Stream } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { makeId } from "../../core/Ids.ts"
+import { SealStream } from "../../core/SealStream.ts"
 import { Storage } from "../../core/Storage.ts"
 import { getMessage, readSubject } from "../../core/StreamRead.ts"
-import { layerAll } from "../../test/harness/NatsServer.ts"
+import { storageRuntime } from "../../test/harness/NatsServer.ts"
 import {
   incompleteTail,
   KEEP_BYTES,
   make,
   outputHeaders,
+  outputObject,
   publishChunk,
   READ_MAX_BYTES,
   readOutput,
 } from "./OutputSink.ts"
 
-const runtime = ManagedRuntime.make(layerAll())
+const runtime = storageRuntime()
 afterAll(() => runtime.dispose())
+
+const ACC = makeId("acc")
 
 const ids = () => ({ run: makeId("run"), cmd: makeId("cmd") })
 
@@ -32,12 +36,30 @@ const stored = (run: string, cmd: string) =>
     }),
   )
 
+// The stored chunks of one command, opened (the done marker left out).
+const opened = (run: string, cmd: string) =>
+  stored(run, cmd).then((messages) =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const pieces = yield* Effect.flatMap(SealStream, (s) => s.pieces(ACC, outputObject(run, cmd)))
+        return messages
+          .filter((m) => m.header(outputHeaders.done) !== "1")
+          .map((m) => {
+            const offset = Number(m.header(outputHeaders.offset))
+            const data = pieces.open(offset, m.data)
+            if (!(data instanceof Uint8Array)) throw data
+            return { offset, data }
+          })
+      }),
+    ),
+  )
+
 // Writes `bytes` through a sink in pieces of `piece` bytes, then finishes it.
 const writeAll = (run: string, cmd: string, bytes: Buffer, piece: number) =>
   runtime.runPromise(
     Effect.scoped(
       Effect.gen(function* () {
-        const sink = yield* make(run, cmd)
+        const sink = yield* make(ACC, run, cmd)
         for (let at = 0; at < bytes.length; at += piece) {
           sink.write(bytes.subarray(at, at + piece))
           // Let the publisher and the timer run now and then, as a live command would.
@@ -51,7 +73,7 @@ const writeAll = (run: string, cmd: string, bytes: Buffer, piece: number) =>
   )
 
 const read = (run: string, cmd: string, after: number, maxBytes?: number) =>
-  runtime.runPromise(readOutput(run, cmd, after, maxBytes))
+  runtime.runPromise(readOutput(ACC, run, cmd, after, maxBytes))
 
 const euros = (n: number) => Buffer.from("€".repeat(Math.ceil(n / 3))).subarray(0, n)
 
@@ -62,7 +84,7 @@ describe("OutputSink", () => {
     const totals = await writeAll(run, cmd, euros(total), 7)
     expect(totals).toEqual({ output_bytes: total, stored_bytes: KEEP_BYTES })
     const messages = await stored(run, cmd)
-    const data = messages.filter((m) => m.header(outputHeaders.done) !== "1")
+    const data = await opened(run, cmd)
     const kept = Buffer.concat(data.map((m) => m.data))
     expect(kept.length).toBe(KEEP_BYTES)
     expect(kept.equals(euros(KEEP_BYTES))).toBe(true)
@@ -70,7 +92,7 @@ describe("OutputSink", () => {
     expect(data.length).toBeLessThan(200)
     let offset = 0
     for (const m of data) {
-      expect(Number(m.header(outputHeaders.offset))).toBe(offset)
+      expect(m.offset).toBe(offset)
       offset += m.data.length
     }
     const done = messages.at(-1)
@@ -143,19 +165,19 @@ describe("OutputSink", () => {
     const result = await runtime.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const sink = yield* make(run, cmd, { flushBytes: 1 })
+          const sink = yield* make(ACC, run, cmd, { flushBytes: 1 })
           sink.write(Buffer.from([0x61, 0xe2, 0x82]))
           // Wait until the chunk is stored (the publisher runs as the fiber yields).
           for (;;) {
-            const p = yield* readOutput(run, cmd, 0)
+            const p = yield* readOutput(ACC, run, cmd, 0)
             if (p.stored_bytes === 3) break
             yield* Effect.sleep("5 millis")
           }
-          const before = yield* readOutput(run, cmd, 0)
+          const before = yield* readOutput(ACC, run, cmd, 0)
           sink.write(Buffer.from([0xac]))
           const totals = yield* sink.finish
           yield* sink.marked
-          return { before, after: yield* readOutput(run, cmd, before.next), totals }
+          return { before, after: yield* readOutput(ACC, run, cmd, before.next), totals }
         }),
       ),
     )
@@ -174,7 +196,7 @@ describe("OutputSink", () => {
       output_bytes: KEEP_BYTES + 1,
       stored_bytes: KEEP_BYTES,
     })
-    const kept = (await stored(past.run, past.cmd)).reduce((n, m) => n + m.data.length, 0)
+    const kept = (await opened(past.run, past.cmd)).reduce((n, m) => n + m.data.length, 0)
     expect(kept).toBe(KEEP_BYTES)
   })
 
@@ -209,7 +231,7 @@ describe("OutputSink", () => {
     const totals = await runtime.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const sink = yield* make(run, cmd)
+          const sink = yield* make(ACC, run, cmd)
           const first = yield* sink.finish
           expect(yield* sink.finish).toEqual(first)
           yield* sink.marked
@@ -229,7 +251,7 @@ describe("OutputSink", () => {
     await runtime.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const sink = yield* make(run, cmd, { flushMs: 20 })
+          const sink = yield* make(ACC, run, cmd, { flushMs: 20 })
           sink.write(Buffer.from("partial"))
           // Read until the timer has published the chunk (the test timeout bounds it).
           yield* Effect.promise(() => read(run, cmd, 0)).pipe(
@@ -261,6 +283,39 @@ describe("OutputSink", () => {
     expect(acks.map((a) => a.duplicate)).toEqual([false, true])
     expect(acks[1]?.seq).toBe(acks[0]?.seq)
     expect((await stored(run, cmd)).map((m) => Buffer.from(m.data).toString())).toEqual(["hello"])
+  })
+
+  it("stores every chunk sealed for the account: no plaintext in the stream, and a chunk opens only at its own offset, command and account", async () => {
+    const { run, cmd } = ids()
+    const secret = `secret-${makeId("cmd")}`
+    await writeAll(run, cmd, Buffer.from(`${secret}\n`.repeat(20_000)), 4096)
+    const messages = await stored(run, cmd)
+    expect(messages.length).toBeGreaterThan(2)
+    for (const m of messages) expect(Buffer.from(m.data).includes(secret)).toBe(false)
+    expect((await read(run, cmd, 0)).output.startsWith(`${secret}\n`)).toBe(true)
+
+    const [first, second] = messages
+    const open = (account: string, object: string, offset: number, data: Uint8Array) =>
+      runtime.runPromise(
+        Effect.flatMap(SealStream, (s) => s.pieces(account, object)).pipe(
+          Effect.map((p) => p.open(offset, data)),
+        ),
+      )
+    const at = (m: (typeof messages)[number]) => Number(m.header(outputHeaders.offset))
+    expect(await open(ACC, outputObject(run, cmd), at(first!), first!.data)).toBeInstanceOf(Uint8Array)
+    // The second chunk's bytes claimed at the first chunk's offset (a reordered stream).
+    expect(await open(ACC, outputObject(run, cmd), at(first!), second!.data)).toMatchObject({
+      _tag: "DecryptFailed",
+    })
+    expect(await open(ACC, outputObject(run, makeId("cmd")), at(first!), first!.data)).toMatchObject({
+      _tag: "DecryptFailed",
+    })
+    expect(await open(makeId("acc"), outputObject(run, cmd), at(first!), first!.data)).toMatchObject({
+      _tag: "DecryptFailed",
+    })
+    // Another account's reader fails instead of answering bytes.
+    const exit = await runtime.runPromiseExit(readOutput(makeId("acc"), run, cmd, 0))
+    expect(String(exit)).toContain("DecryptFailed")
   })
 
   it("incompleteTail finds a started character at the end only", () => {

@@ -11,17 +11,23 @@
  * marker: readers take a command whose record has ended and whose stored bytes were all read as
  * done, and its byte count from the record (the gateway's output route).
  *
+ * Each chunk is sealed for the run's account on its own (`SealStream.pieces`, the object
+ * `outputObject(run, cmd)`, the chunk's offset as its position), so a reader opens any chunk alone
+ * and what a command prints (its secrets included) never reaches NATS in clear.
+ *
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
  */
 import type { Scope } from "effect"
 import { Deferred, Effect, Exit, Fiber, Queue, Runtime, Schedule } from "effect"
-import { outputHeaders } from "../../core/CommandOutput.ts"
+import { outputHeaders, outputObject } from "../../core/CommandOutput.ts"
+import type { KeyringError } from "../../core/Keyring.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
+import { SealStream } from "../../core/SealStream.ts"
 import { Storage } from "../../core/Storage.ts"
 import { publish } from "../../core/Stream.ts"
 
-export { outputHeaders, READ_MAX_BYTES } from "../../core/CommandOutput.ts"
+export { outputHeaders, outputObject, READ_MAX_BYTES } from "../../core/CommandOutput.ts"
 
 /** Output bytes of one command kept in the stream: the first 4 MiB. */
 export const KEEP_BYTES = 4 * 1024 * 1024
@@ -64,7 +70,7 @@ export interface SinkOptions {
 const retryPolicy = Schedule.exponential("50 millis").pipe(Schedule.intersect(Schedule.recurs(6)))
 
 /**
- * Publishes one output chunk at `offset`; idempotent: the same `(cmd, offset)` within the stream's
+ * Publishes one sealed output chunk at `offset`; idempotent: the same `(cmd, offset)` within the stream's
  * duplicate window is stored once.
  */
 export const publishChunk = (
@@ -101,18 +107,20 @@ type Piece =
   | { readonly _tag: "done"; readonly totals: OutputTotals }
 
 /**
- * A sink for command `cmd` of run `run`. Chunks are published in order by one fiber, started by
+ * A sink for command `cmd` of run `run` of `account`. Chunks are published in order by one fiber, started by
  * the first chunk (most commands print little or nothing: one with no output forks nothing and
  * publishes nothing); closing the scope before `finish` drops what was not yet published (no done
  * marker).
  */
 export const make = (
+  account: string,
   run: string,
   cmd: string,
   options: SinkOptions = {},
-): Effect.Effect<OutputSink, never, Nats | Storage | Scope.Scope> =>
+): Effect.Effect<OutputSink, KeyringError, Nats | Storage | SealStream | Scope.Scope> =>
   Effect.gen(function* () {
     const { names } = yield* Storage
+    const pieces = yield* Effect.flatMap(SealStream, (seal) => seal.pieces(account, outputObject(run, cmd)))
     const runtime = yield* Effect.runtime<Nats>()
     const subject = names.subjects.output(run, cmd)
     const keep = options.keepBytes ?? KEEP_BYTES
@@ -171,7 +179,7 @@ export const make = (
       if (pendingBytes === 0) return
       const data = pending.length === 1 ? (pending[0] as Uint8Array) : Buffer.concat(pending)
       publisher ??= Runtime.runFork(runtime)(publishAll)
-      queue.unsafeOffer({ _tag: "chunk", offset: flushed, data, outputBytes })
+      queue.unsafeOffer({ _tag: "chunk", offset: flushed, data: pieces.seal(flushed, data), outputBytes })
       flushed += data.length
       pending = []
       pendingBytes = 0

@@ -4,9 +4,10 @@ import { gzipSync } from "node:zlib"
 import { Effect, Exit, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { SealStream } from "../../core/SealStream.ts"
+import { storageRuntime } from "../../test/harness/NatsServer.ts"
 import { uniqueName } from "../../test/harness/names.ts"
 import { checkManifest, InputFailed, unpack } from "./Inputs.ts"
-import { archive, entry, storageRuntime, store, type TestGuest, testGuest } from "./testing.ts"
+import { archive, entry, store, type TestGuest, testGuest } from "./testing.ts"
 
 const ACC = "acc_0000000000000000000000000a"
 const DISK = 32 * 1024 * 1024

@@ -3,9 +3,10 @@ import { createHash, randomBytes } from "node:crypto"
 import { Chunk, Effect, Option, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { SealStream } from "../../core/SealStream.ts"
+import { storageRuntime } from "../../test/harness/NatsServer.ts"
 import { uniqueName } from "../../test/harness/names.ts"
 import { type GetResult, get, put } from "./Transfer.ts"
-import { storageRuntime, store, type TestGuest, testGuest } from "./testing.ts"
+import { store, type TestGuest, testGuest } from "./testing.ts"
 
 const ACC = "acc_0000000000000000000000000c"
 let t: TestGuest

@@ -1,12 +1,7 @@
 /** Helpers for tests of the guest's run-level work: one real machine and session, real storage. */
-import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
-import * as Keyring from "../../core/Keyring.ts"
-import * as MasterKey from "../../core/MasterKey.ts"
+import { Effect, Exit, Scope } from "effect"
 import * as ObjectStore from "../../core/ObjectStore.ts"
-import * as SealStream from "../../core/SealStream.ts"
 import { Storage } from "../../core/Storage.ts"
-import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
-import { layerAll } from "../../test/harness/NatsServer.ts"
 import { ensureTestBase } from "../bases/Bases.ts"
 import { type Machine, type Size, scopedOn } from "../machines/MachineDriver.ts"
 import { make, type NamespaceDriverSettings } from "../machines/namespace/NamespaceDriver.ts"
@@ -59,18 +54,6 @@ export const testGuest = async (
   }
   return { ...made.value, close }
 }
-
-/** Storage on a fresh nats-server plus `SealStream` with an in-memory master key. */
-export const storageRuntime = () =>
-  ManagedRuntime.make(
-    Layer.merge(
-      layerAll(),
-      SealStream.layer.pipe(
-        Layer.provide(Keyring.layer),
-        Layer.provide(Layer.merge(MasterKey.layerMemory(), WrappedKeyStore.layerMemory)),
-      ),
-    ),
-  )
 
 /** The typed view of one object store of the test storage. */
 export const store = (bucket: "inputs" | "outputs" | "files") =>

@@ -1,16 +1,22 @@
 /**
- * A real nats-server per test file: port -1, a temporary store directory removed on release.
+ * A real nats-server per test file: port -1, a temporary store directory removed on release, the
+ * store encrypted with a random key.
  *
  * Two forms: `layer` / `scoped` for `@effect/vitest` (`layer(NatsServer.layer)(...)`), and
  * `startNatsServer()` for plain `beforeAll/afterAll`. Tests sharing one server keep apart by
  * creating their storage under a unique prefix (`test/harness/names.ts`).
  */
+import { randomBytes } from "node:crypto"
 import { mkdtemp, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Layer, ManagedRuntime, Redacted, Scope } from "effect"
+import * as Keyring from "../../core/Keyring.ts"
+import * as MasterKey from "../../core/MasterKey.ts"
 import * as Nats from "../../core/Nats.ts"
+import * as SealStream from "../../core/SealStream.ts"
 import * as Storage from "../../core/Storage.ts"
+import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import * as NatsProcess from "../../deploy/NatsProcess.ts"
 import { uniquePrefix } from "./names.ts"
 
@@ -31,6 +37,8 @@ export const scoped = (
     )
     return yield* NatsProcess.start({
       syncAlways: false,
+      // Encrypted at rest as deployed, with a key of its own.
+      storeKey: Redacted.make(randomBytes(32).toString("hex")),
       ...options,
       storeDir,
       port: -1,
@@ -82,3 +90,15 @@ export const layerStorage = (
 /** Server, connection and a uniquely prefixed storage: the usual environment of a test file. */
 export const layerAll = (prefix?: string): Layer.Layer<NatsServer | Nats.Nats | Storage.Storage> =>
   layerStorage(prefix).pipe(Layer.provideMerge(layerWithNats))
+
+/** Storage on a fresh nats-server plus `SealStream` with an in-memory master key. */
+export const storageRuntime = () =>
+  ManagedRuntime.make(
+    Layer.merge(
+      layerAll(),
+      SealStream.layer.pipe(
+        Layer.provide(Keyring.layer),
+        Layer.provide(Layer.merge(MasterKey.layerMemory(), WrappedKeyStore.layerMemory)),
+      ),
+    ),
+  )

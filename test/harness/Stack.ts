@@ -149,6 +149,8 @@ export interface Stack {
   readonly natsUrl: string
   /** The nats-server's process id (to stop and continue it, as a frozen server would be). */
   readonly natsPid: number
+  /** The nats-server's store (every stream, KV bucket and object store, encrypted at rest). */
+  readonly natsStoreDir: string
   readonly prefix: string
   readonly dir: string
   readonly hostId: string
@@ -421,6 +423,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     url: `http://127.0.0.1:${port}`,
     natsUrl: nats.url,
     natsPid: nats.pid,
+    natsStoreDir: nats.storeDir,
     prefix,
     dir,
     hostId,
