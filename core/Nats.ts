@@ -73,6 +73,12 @@ export interface NatsClients {
   readonly jsm: JetStreamManager
   /** Request-reply through the connection's shared inbox (JetStream publishes, asks). */
   readonly requests: Requests
+  /**
+   * Whether the connection is up: false from a disconnect until the client has reconnected (it
+   * retries forever), and once closed. What the gateway answers `503` on instead of waiting for
+   * each request's own timeout.
+   */
+  readonly reachable: () => boolean
 }
 
 /** The process's NATS connection. */
@@ -117,7 +123,17 @@ export const make = Effect.gen(function* () {
     Effect.sync(() => makeRequests(connection)),
     (r) => Effect.sync(() => r.close()),
   )
-  return { connection, js, jsm, requests } satisfies NatsClients
+  let up = true
+  void (async () => {
+    for await (const s of connection.status()) {
+      if (s.type === "disconnect" || s.type === "close") up = false
+      else if (s.type === "reconnect") up = true
+    }
+  })().catch(() => undefined)
+  void connection.closed().then(() => {
+    up = false
+  })
+  return { connection, js, jsm, requests, reachable: () => up } satisfies NatsClients
 })
 
 /** The connection as a layer, configured by `NatsSettings`. */

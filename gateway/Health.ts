@@ -1,18 +1,29 @@
 /**
- * `GET /v1/health`: whether this gateway can serve. For now it answers as soon as the server
- * runs; it will also check the NATS connection once the gateway has one.
+ * `GET /v1/health`: whether this gateway can serve: `200 {"status":"ok"}`, or `503
+ * {"status":"unavailable"}` with `Retry-After` while its NATS connection is down (a load balancer
+ * then sends requests to another gateway). It never waits on NATS itself.
  */
-import { Effect } from "effect"
+import { Effect, Option } from "effect"
+import { Nats } from "../core/Nats.ts"
 import { json } from "./Response.ts"
 import { route } from "./Router.ts"
+import { UNREACHABLE_RETRY_AFTER_S } from "./Server.ts"
 
 const ok = json({ status: "ok" })
+const unavailable = json(
+  { status: "unavailable" },
+  { status: 503, headers: { "retry-after": String(UNREACHABLE_RETRY_AFTER_S) } },
+)
 
 /** The health route group. */
 export const routes = [
   route({
     method: "GET",
     path: "/v1/health",
-    handler: () => Effect.succeed(ok),
+    storeless: true,
+    handler: () =>
+      Effect.map(Effect.serviceOption(Nats), (nats) =>
+        Option.isSome(nats) && !nats.value.reachable() ? unavailable : ok,
+      ),
   }),
 ]

@@ -44,6 +44,8 @@ export interface Route<R> {
   readonly bodyLimit?: number | undefined
   /** Schema of the query parameters (decoded from `RawQuery`). */
   readonly query?: InputSchema<unknown> | undefined
+  /** Answers without NATS (health): not refused while NATS is unreachable. */
+  readonly storeless?: boolean | undefined
   // biome-ignore lint/suspicious/noExplicitAny: erased here, typed by `route`/`streamRoute`
   readonly handler: (request: Request<any, any, any>) => Effect.Effect<Reply, unknown, R>
 }
@@ -55,6 +57,7 @@ export const route = <const P extends string, B = undefined, Q = RawQuery, E = A
   readonly body?: InputSchema<B>
   readonly bodyLimit?: number
   readonly query?: InputSchema<Q>
+  readonly storeless?: boolean
   readonly handler: (request: Request<Params<P>, B, Q>) => Effect.Effect<Reply, E, R>
 }): Route<R> => spec as Route<R>
 

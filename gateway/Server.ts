@@ -20,13 +20,14 @@ import uWS from "uWebSockets.js"
 import type { Fiber, Scope } from "effect"
 import { Cause, Context, Effect, FiberId, FiberSet, Layer, Option } from "effect"
 import { defineSettings, env } from "../core/Config.ts"
+import { Nats } from "../core/Nats.ts"
 import { decodeBody, decodeJsonBody } from "../schema/Decode.ts"
 import { ApiError } from "../schema/Errors.ts"
 import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
 import { keyOf, RateLimit } from "./RateLimit.ts"
 import { parseQuery, readHeaders, requestIdOf } from "./Request.ts"
 import type { Reply } from "./Response.ts"
-import { abort, Exchange, error as errorReply, writeStream, writeWhole } from "./Response.ts"
+import { abort, Exchange, error as errorReply, json, writeStream, writeWhole } from "./Response.ts"
 import * as Router from "./Router.ts"
 
 /** HTTP settings: `HANGAR_HTTP_ADDR` is `host:port` (`[v6]:port` for IPv6); port 0 picks a free one. */
@@ -54,6 +55,17 @@ export const parseAddr = (addr: string): { readonly host: string; readonly port:
 }
 
 const internalError = ApiError.internal()
+
+/**
+ * While NATS is unreachable: `503` with `Retry-After`, and the code `internal` that the spec tells
+ * clients to retry (the spec has no code of its own for it), instead of each request waiting for
+ * its own timeout and failing `500`.
+ */
+export const UNREACHABLE_RETRY_AFTER_S = 2
+const unreachableReply = json(ApiError.internal("the service cannot reach its store just now; retry").body, {
+  status: 503,
+  headers: { "retry-after": String(UNREACHABLE_RETRY_AFTER_S) },
+})
 const text = new TextDecoder()
 
 interface Compiled {
@@ -70,12 +82,13 @@ const queryDecoder = (schema: Router.InputSchema<unknown>) => {
 
 // The reply for a failed request: its ApiError, or a logged, detail-free 500. An interruption
 // alone (the client went away, or shutdown) stays an interruption: nobody is there to answer.
-const replyForCause = (cause: Cause.Cause<unknown>): Effect.Effect<Reply> => {
+const replyForCause = (cause: Cause.Cause<unknown>, reachable: () => boolean): Effect.Effect<Reply> => {
   if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
   const failure = Cause.failureOption(cause)
   if (Option.isSome(failure) && failure.value instanceof ApiError) {
     return Effect.succeed(errorReply(failure.value))
   }
+  if (!reachable()) return Effect.succeed(unreachableReply)
   return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
 }
 
@@ -94,6 +107,9 @@ export const make = <R>(
       catch: (e) => e as ListenError,
     })
     const rateLimit = yield* RateLimit
+    // A gateway without NATS (tests of the server alone) is always reachable.
+    const nats = yield* Effect.serviceOption(Nats)
+    const reachable = Option.isSome(nats) ? nats.value.reachable : () => true
     // Handler fibers belong to this set: closing the layer interrupts the ones still running.
     const run = yield* FiberSet.makeRuntime<R>()
     const router = Router.make(routes)
@@ -134,6 +150,8 @@ export const make = <R>(
         early = errorReply(ApiError.notFound())
       } else if (match._tag === "MethodNotAllowed") {
         early = errorReply(ApiError.methodNotAllowed(method), { allow: match.allow.join(", ") })
+      } else if (!match.route.storeless && !reachable()) {
+        early = unreachableReply
       } else if (match.route.body || match.route.stream) {
         const limit = match.route.bodyLimit ?? JSON_LIMIT
         const length = headers["content-length"]
@@ -187,7 +205,7 @@ export const make = <R>(
       }
       const full = Effect.matchCauseEffect(program, {
         onSuccess: send,
-        onFailure: (cause) => Effect.flatMap(replyForCause(cause), send),
+        onFailure: (cause) => Effect.flatMap(replyForCause(cause, reachable), send),
       }).pipe(
         Effect.ensuring(
           Effect.suspend(() => {

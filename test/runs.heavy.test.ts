@@ -340,12 +340,12 @@ describe("every role in its own process (hangar serve <role>)", () => {
   }, 180_000)
 })
 
-describe("a nats-server that stands still while a command ends", () => {
+describe("a nats-server that stands still, or is killed and started again, while a command ends", () => {
   let stack: Stack
   let acct: TestAccount
 
   beforeAll(async () => {
-    stack = await startStack()
+    stack = await startStack({ natsSyncAlways: true })
     acct = await createAccount(stack, { creditUsd: 100 })
   }, 120_000)
 
@@ -379,4 +379,60 @@ describe("a nats-server that stands still while a command ends", () => {
     expect(run_.state).toBe("running")
     await command(stack, acct, run, "finish", { state: "failed" })
   }, 180_000)
+
+  it("killed outright: the gateway answers 503 with Retry-After meanwhile, and once it is back the command's end is written and the run goes on", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 60 })
+    const run = (await startRun(stack, acct, fn.function)).id
+    expect((await command(stack, acct, run, "bash", { command: "echo up" })).state).toBe("succeeded")
+    const sent = await sendCommandAnswer(stack, acct, run, "bash", { command: "sleep 2; exit 5" })
+    expect(sent.status).toBe(201)
+    await waitCommandRunning(stack, acct, run, sent.body.id)
+    await stack.killNats()
+    try {
+      // The command ends while the server is gone: its end is written on the host agent's retry.
+      await new Promise((r) => setTimeout(r, 3_000))
+      const health = await call(stack, "GET", "/v1/health", {})
+      expect(health.status).toBe(503)
+      expect(health.body).toEqual({ status: "unavailable" })
+      for (const [method, path, body] of [
+        ["GET", `/v1/runs/${run}`, undefined],
+        ["GET", `/v1/runs/${run}/commands/${sent.body.id}`, undefined],
+        ["POST", `/v1/runs/${run}/commands`, { kind: "bash", arguments: { command: "true" } }],
+      ] as const) {
+        const answer = await call(stack, method, path, acct.admin, body)
+        expect(answer.status, `${method} ${path}`).toBe(503)
+        expect(answer.body.code).toBe("internal")
+        expect(answer.headers["retry-after"]).toBe("2")
+      }
+    } finally {
+      await stack.restartNats()
+    }
+    const ended = await waitCommand(stack, acct, run, sent.body.id, 60_000)
+    expect(ended, problems(stack)).toMatchObject({
+      state: "succeeded",
+      result: { exit_code: 5, output: "" },
+    })
+    // Back: the gateway answers again, and the run takes commands.
+    const health = await waitFor(async () => (await call(stack, "GET", "/v1/health", {})).status, 200)
+    expect(health).toBe(200)
+    expect((await command(stack, acct, run, "bash", { command: "echo after" })).result.output).toBe("after\n")
+    expect((await call(stack, "GET", `/v1/runs/${run}`, acct.admin)).body.state).toBe("running")
+    await command(stack, acct, run, "finish", { state: "failed" })
+    // Nothing was answered 500 the whole time (the log has a line per request: the 503s are there).
+    const statuses = (status: number) =>
+      stack.lines.filter((l) => l.role === "gateway" && l.line.includes(`"status":${status},`))
+    expect(statuses(503).length).toBeGreaterThanOrEqual(4)
+    expect(statuses(500)).toEqual([])
+  }, 180_000)
 })
+
+/** Polls `f` until it answers `want` (at most 60 s); answers the last value. */
+const waitFor = async <A>(f: () => Promise<A>, want: A): Promise<A> => {
+  const deadline = Date.now() + 60_000
+  let last = await f()
+  while (last !== want && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100))
+    last = await f()
+  }
+  return last
+}

@@ -26,19 +26,24 @@ export class NatsServer extends Context.Tag("test/NatsServer")<NatsServer, NatsP
 /** Options for a test server; `syncAlways` defaults to false (tests do not need power-cut safety). */
 export type TestServerOptions = Omit<NatsProcess.NatsProcessOptions, "storeDir" | "port">
 
+/** A fresh random store key (test servers are encrypted at rest as deployed). */
+const testStoreKey = () => Redacted.make(randomBytes(32).toString("hex"))
+
+/** A temporary store folder, removed when the scope closes. */
+const tempStore = Effect.acquireRelease(
+  Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-nats-test-"))),
+  (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
+)
+
 /** Starts a server on a free port with a temp store dir; both go away when the scope closes. */
 export const scoped = (
   options: TestServerOptions = {},
 ): Effect.Effect<NatsProcess.NatsProcess, NatsProcess.NatsProcessError, Scope.Scope> =>
   Effect.gen(function* () {
-    const storeDir = yield* Effect.acquireRelease(
-      Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-nats-test-"))),
-      (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
-    )
+    const storeDir = yield* tempStore
     return yield* NatsProcess.start({
       syncAlways: false,
-      // Encrypted at rest as deployed, with a key of its own.
-      storeKey: Redacted.make(randomBytes(32).toString("hex")),
+      storeKey: testStoreKey(),
       ...options,
       storeDir,
       port: -1,
@@ -53,25 +58,68 @@ export const layer: Layer.Layer<NatsServer> = Layer.scoped(NatsServer, scoped())
 export const layerWith = (options: TestServerOptions): Layer.Layer<NatsServer> =>
   Layer.scoped(NatsServer, scoped(options)).pipe(Layer.orDie)
 
-/** A started server for plain vitest hooks; `stop()` is idempotent. */
+/**
+ * A started server for plain vitest hooks; `stop()` is idempotent. `kill()` ends it outright
+ * (SIGKILL, as a crash would) and `restart()` starts a new server on the same store, port and key
+ * (clients reconnect to it); `pid` is the current server's.
+ */
 export interface StartedNatsServer extends NatsProcess.NatsProcess {
   readonly stop: () => Promise<void>
+  readonly kill: () => Promise<void>
+  readonly restart: () => Promise<void>
 }
 
 /** Starts a server for `beforeAll`; call `stop()` in `afterAll`. */
 export const startNatsServer = async (options: TestServerOptions = {}): Promise<StartedNatsServer> => {
   const scope = Effect.runSync(Scope.make())
-  const exit = await Effect.runPromiseExit(Scope.extend(scoped(options), scope))
+  const storeKey = options.storeKey ?? testStoreKey()
+  const launch = (storeDir: string, port: number) =>
+    NatsProcess.start({ syncAlways: false, ...options, storeKey, storeDir, port, removeOnCrash: [storeDir] })
+  const exit = await Effect.runPromiseExit(
+    Scope.extend(
+      Effect.flatMap(tempStore, (dir) => launch(dir, -1)),
+      scope,
+    ),
+  )
   if (Exit.isFailure(exit)) {
     await Effect.runPromise(Scope.close(scope, exit))
     return Effect.runPromise(Effect.failCause(exit.cause))
   }
+  const first = exit.value
+  let current = first
   let stopped: Promise<void> | undefined
   const stop = () => {
     stopped ??= Effect.runPromise(Scope.close(scope, Exit.void))
     return stopped
   }
-  return { ...exit.value, stop }
+  const kill = async () => {
+    process.kill(current.pid, "SIGKILL")
+    while (alive(current.pid)) await new Promise((r) => setTimeout(r, 10))
+  }
+  // Each life's release (stop, then its config folder) runs with the scope's, last life first.
+  const restart = async () => {
+    current = await Effect.runPromise(Scope.extend(launch(first.storeDir, first.port), scope))
+  }
+  return {
+    url: first.url,
+    port: first.port,
+    storeDir: first.storeDir,
+    get pid() {
+      return current.pid
+    },
+    stop,
+    kill,
+    restart,
+  }
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
 }
 
 /** A connection to the file's server. */

@@ -104,6 +104,8 @@ export interface StackOptions {
    * refuses on a shared one). Not with `processes`.
    */
   readonly sharedConnection?: boolean
+  /** nats-server fsyncs every write (as deployed) so a SIGKILLed server loses nothing it acknowledged. */
+  readonly natsSyncAlways?: boolean
 }
 
 /**
@@ -149,6 +151,10 @@ export interface Stack {
   readonly natsUrl: string
   /** The nats-server's process id (to stop and continue it, as a frozen server would be). */
   readonly natsPid: number
+  /** Ends nats-server outright (SIGKILL); the roles keep trying to reconnect. */
+  readonly killNats: () => Promise<void>
+  /** Starts nats-server again on its store, port and key; the roles reconnect to it. */
+  readonly restartNats: () => Promise<void>
   /** The nats-server's store (every stream, KV bucket and object store, encrypted at rest). */
   readonly natsStoreDir: string
   readonly prefix: string
@@ -245,7 +251,7 @@ export const closeStack = async (stack: Stack | undefined): Promise<void> => {
 /** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
 export const startStack = async (options: StackOptions = {}): Promise<Stack> => {
   const base = await ensureTestBase()
-  const nats = await startNatsServer()
+  const nats = await startNatsServer({ syncAlways: options.natsSyncAlways ?? false })
   const dir = await mkdtemp(join(tmpdir(), "hangar-stack-"))
   const prefix = uniquePrefix()
   const port = await freePort()
@@ -422,7 +428,11 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   return {
     url: `http://127.0.0.1:${port}`,
     natsUrl: nats.url,
-    natsPid: nats.pid,
+    get natsPid() {
+      return nats.pid
+    },
+    killNats: nats.kill,
+    restartNats: nats.restart,
     natsStoreDir: nats.storeDir,
     prefix,
     dir,
