@@ -82,6 +82,8 @@ export const commandArgumentsMaxBytes = 128 * KiB
 /** Command `bash` timeout: default 5 minutes, at most 24 hours. */
 export const bashTimeoutDefaultMs = 5 * MINUTE_MS
 export const bashTimeoutMaxMs = 24 * 60 * MINUTE_MS
+/** A file command (`read`, `write`, `edit`, `list`) unanswered by the machine this long fails. */
+export const fileCommandTimeoutMs = 5 * MINUTE_MS
 /** `bash` result: the first and the last 16 KiB of the output (DESIGN.md). */
 export const bashResultHeadBytes = 16 * KiB
 export const bashResultTailBytes = 16 * KiB

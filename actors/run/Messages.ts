@@ -13,7 +13,7 @@
  *   Fail           (anyone)        → failed with `failure` and `detail` (input, setup, no_submission, …)
  *   LogPart        (host)          log part `n` is stored (`log_parts` = max n)
  *   Usage          (agent loop)    model usage so far (replaces the model counters)
- *   QueueTimeout, Timeout, Bill   the actor's own timers
+ *   QueueTimeout, Timeout, Bill, CommandWatch   the actor's own timers
  *
  * When the run ends (once): final charge, memory released at the account, `Stop` to its host or
  * `Dequeue` to the scheduler, queued/running commands marked `cancelled` (host writes win a race
@@ -100,6 +100,12 @@ export const Timeout = Schema.TaggedStruct("Timeout", {})
 /** Timer: every billing interval while running: charges the next started minute, checks credit and suspension. */
 export const Bill = Schema.TaggedStruct("Bill", {})
 
+/**
+ * Timer: the earliest deadline of a command not known to have ended (its timeout from when the
+ * machine was ready, plus a grace): one whose host never reported its end fails there.
+ */
+export const CommandWatch = Schema.TaggedStruct("CommandWatch", {})
+
 /** Every message of the run actor. */
 export const RunMessage = Schema.Union(
   Create,
@@ -114,6 +120,7 @@ export const RunMessage = Schema.Union(
   QueueTimeout,
   Timeout,
   Bill,
+  CommandWatch,
 )
 export type RunMessage = typeof RunMessage.Type
 
@@ -135,6 +142,12 @@ export const RunActorState = Schema.Struct({
   charged_through: Count,
   /** Rate and who started it, for ledger entries. */
   rate_usd_nanos_per_gib_hour: Count,
+  /** When the machine was ready (ms): commands' deadlines count from then. */
+  ready_at: Schema.optional(Schema.Number),
+  /** Every command up to this sequence is known to have ended. */
+  watched_through: Schema.optionalWith(Count, { default: () => 0 }),
+  /** When the `CommandWatch` timer fires (ms), while one is set. */
+  watch_at: Schema.optional(Schema.Number),
 })
 export type RunActorState = typeof RunActorState.Type
 
@@ -142,6 +155,7 @@ export const initialState: RunActorState = {
   next_sequence: 1,
   charged_through: 0,
   rate_usd_nanos_per_gib_hour: 0,
+  watched_through: 0,
 }
 
 /** The run actor as senders see it; its handler runs in the actors role (`Run.ts`). */

@@ -474,6 +474,82 @@ describe("run actor: commands", () => {
   )
 })
 
+describe("run actor: commands whose end is never reported", () => {
+  const commandsKv = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandRecord))
+  const entryAt = (run: string, seq: number) =>
+    Effect.map(
+      Effect.flatMap(commandsKv, (kv) => kv.get(kvKeys.command(run, seq))),
+      (e) => Option.getOrThrow(e),
+    )
+  const GRACE_MS = 400
+
+  it.live(
+    "fail at their timeout (from when the machine was ready) plus the grace, and the host is told to kill them; the others are left alone",
+    () =>
+      withWorker({ run: { commandGraceMs: GRACE_MS } }, () =>
+        Effect.gen(function* () {
+          const { account, create } = yield* startRun()
+          const run = create.id
+          const kv = yield* commandsKv
+          const hostBox = yield* inbox(Host, "h-lost")
+          // Added while the run is queued: its deadline counts from when the machine is ready.
+          const lost = { ...addOf("sleep 600"), arguments: { command: "sleep 600", timeout_ms: 300 } }
+          expect(commandOf(yield* ask(run, lost)).sequence).toBe(1)
+          yield* send(run, { _tag: "Started", host: "h-lost", at: timestamp(Date.now()) })
+          yield* runWhere(account, run, (r) => r.state === "running", "running")
+          const readyAt = Date.now()
+          yield* send(run, { _tag: "Ready", at: timestamp(readyAt) })
+          // The host takes it (running), then never reports its end.
+          const taken = yield* entryAt(run, 1)
+          yield* kv.update(
+            kvKeys.command(run, 1),
+            { ...taken.value, state: "running", started_at: timestamp(Date.now()) } as CommandRecord,
+            taken.revision,
+          )
+          // One the host ends in time, and one with a long timeout still running.
+          const quick = { ...addOf("true"), arguments: { command: "true", timeout_ms: 200 } }
+          expect(commandOf(yield* ask(run, quick)).sequence).toBe(2)
+          const quickEntry = yield* entryAt(run, 2)
+          const quickDone = {
+            ...quickEntry.value,
+            state: "succeeded",
+            ended_at: timestamp(Date.now()),
+            result: {
+              exit_code: 0,
+              output: "",
+              output_bytes: 0,
+              truncated: false,
+              timed_out: false,
+              oom_killed: false,
+            },
+          } as CommandRecord
+          yield* kv.update(kvKeys.command(run, 2), quickDone, quickEntry.revision)
+          const long = { ...addOf("sleep 5"), arguments: { command: "sleep 5", timeout_ms: 60_000 } }
+          expect(commandOf(yield* ask(run, long)).sequence).toBe(3)
+
+          expect(yield* hostBox.next()).toEqual({ _tag: "CancelCommand", run, command: lost.id, sequence: 1 })
+          const failed = (yield* entryAt(run, 1)).value
+          expect(failed).toMatchObject({ id: lost.id, state: "failed" })
+          expect(failed.error).toContain("timeout (300 ms) and a grace of 400 ms")
+          // Not before its deadline: ready + timeout + grace.
+          expect(Date.parse(failed.ended_at ?? "")).toBeGreaterThanOrEqual(readyAt + 300 + GRACE_MS)
+          expect((yield* entryAt(run, 2)).value).toEqual(quickDone)
+          expect((yield* entryAt(run, 3)).value.state).toBe("queued")
+          const state = yield* actorState(run)
+          expect(state.watched_through).toBe(2)
+          // The watch waits for the long one's deadline next.
+          expect(state.watch_at).toBeGreaterThanOrEqual(readyAt + 60_000 + GRACE_MS)
+
+          // The run goes on; its end cancels the timer with the rest.
+          yield* send(run, { _tag: "Succeed", output, at: timestamp(Date.now()) })
+          yield* ended(account, run)
+          expect((yield* entryAt(run, 1)).value.state).toBe("failed")
+          expect((yield* entryAt(run, 3)).value.state).toBe("cancelled")
+        }),
+      ),
+  )
+})
+
 describe("run actor: command index", () => {
   it.live(
     "an id whose sequence was claimed by a lost attempt gets that sequence; the state does not grow with commands",

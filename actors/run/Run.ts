@@ -52,7 +52,7 @@ import { Storage } from "../../core/Storage.ts"
 import { CommandIndex, CommandRecord, endedCommandStates } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
 import { type EventId, type LedgerEntryId, noProvider, type RunId } from "../../schema/Ids.ts"
-import { minutePriceUsdNanos, overdraftUsdNanos, sizes } from "../../schema/Limits.ts"
+import { fileCommandTimeoutMs, minutePriceUsdNanos, overdraftUsdNanos, sizes } from "../../schema/Limits.ts"
 import {
   apiRun,
   emptyUsage,
@@ -89,7 +89,7 @@ export interface RunDeps {
 }
 
 /** Timer names (subject tokens). */
-const timers = { queue: "queue", timeout: "timeout", bill: "bill" } as const
+const timers = { queue: "queue", timeout: "timeout", bill: "bill", commands: "commands" } as const
 
 /** The detail of a run failed by the actor itself. */
 export const details = {
@@ -97,6 +97,9 @@ export const details = {
   timeout: (minutes: number) => `the run passed its timeout of ${minutes} minute${minutes === 1 ? "" : "s"}`,
   credit: "the account's balance went more than $10 below its minimum",
   suspended: "the account was suspended",
+  /** A command's end never reported by its host (`CommandWatch`). */
+  commandLost: (timeoutMs: number, graceMs: number) =>
+    `no end was reported within the command's timeout (${timeoutMs} ms) and a grace of ${graceMs} ms: its machine's host lost it`,
 } as const
 
 /** How a run ends. */
@@ -143,7 +146,48 @@ export const queuedRun = (m: Create, seq: number): StoredRun => ({
 
 /** The run actor with its dependencies. */
 export const make = (deps: RunDeps) => {
-  const { minuteMs, queueTimeoutMs } = deps.settings
+  const { minuteMs, queueTimeoutMs, commandGraceMs } = deps.settings
+
+  /**
+   * The timeout the machine applies to a command: `bash`'s `timeout_ms`, the host's 5 minutes for a
+   * file command; none for the kinds without one (`put`, `get`, `finish`, `terminal`: the run's
+   * timeout bounds them).
+   */
+  const commandTimeout = (record: CommandRecord): number | undefined => {
+    switch (record.kind) {
+      case "bash":
+        return record.arguments.timeout_ms
+      case "read":
+      case "write":
+      case "edit":
+      case "list":
+        return fileCommandTimeoutMs
+      default:
+        return undefined
+    }
+  }
+
+  /**
+   * When a command that has not ended is given up on: its timeout counted from when it was added
+   * or the machine was ready, whichever is later, plus the grace.
+   */
+  const commandDeadline = (record: CommandRecord, readyAt: number): number | undefined => {
+    const timeout = commandTimeout(record)
+    return timeout === undefined
+      ? undefined
+      : Math.max(Date.parse(record.created_at), readyAt) + timeout + commandGraceMs
+  }
+
+  /** Sets the `CommandWatch` timer to `at` unless it is set earlier already. */
+  const armWatch = (
+    s: RunActorState,
+    at: number,
+    ctx: { schedule: (n: string, at: number, m: RunMessage) => void },
+  ) => {
+    if (s.watch_at !== undefined && s.watch_at <= at) return s
+    ctx.schedule(timers.commands, at, { _tag: "CommandWatch" })
+    return { ...s, watch_at: at }
+  }
   /** How long after a minute starts its `bill` timer fires, and how far back it counts minutes. */
   const billGraceMs = Math.min(1_000, Math.floor(minuteMs / 20))
   /** When the `bill` timer for minute `charged + 1` fires. */
@@ -480,8 +524,10 @@ export const make = (deps: RunDeps) => {
                 )
           ).pipe(Effect.mapError(fails("writing the command")))
           if (known) return { state: s, reply: { command: stored } }
+          const added = { ...s, next_sequence: sequence + 1 }
+          const deadline = s.ready_at === undefined || ended ? undefined : commandDeadline(stored, s.ready_at)
           return {
-            state: { ...s, next_sequence: sequence + 1 },
+            state: deadline === undefined ? added : armWatch(added, deadline, ctx),
             reply: { command: stored },
           }
         }
@@ -558,10 +604,80 @@ export const make = (deps: RunDeps) => {
           }
         }
 
-        case "Ready":
+        case "Ready": {
           yield* Effect.logInfo("run ready").pipe(Effect.annotateLogs({ run: ctx.id }))
-          if (run !== undefined && run.state === "running" && hasAgent(run)) yield* startAgent(run)
-          return { state: s }
+          if (run === undefined || run.state !== "running") return { state: s }
+          if (hasAgent(run)) yield* startAgent(run)
+          const readyAt = Date.parse(m.at)
+          const ready = { ...s, ready_at: readyAt }
+          // Commands added before: the watch reads them when the earliest of them could be due.
+          return {
+            state:
+              s.next_sequence - 1 > s.watched_through
+                ? armWatch(ready, readyAt + commandGraceMs, ctx)
+                : ready,
+          }
+        }
+
+        case "CommandWatch": {
+          const fired: RunActorState = { ...s, watch_at: undefined }
+          if (run === undefined || run.state !== "running" || s.ready_at === undefined)
+            return { state: fired }
+          const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
+          const now = ctx.now
+          let through = s.watched_through
+          let open = false
+          let earliest: number | undefined
+          const sends: Array<ReturnType<typeof Actor.to>> = []
+          for (let seq = s.watched_through + 1; seq < s.next_sequence; seq++) {
+            const found = yield* kv
+              .get(kvKeys.command(run.id, seq))
+              .pipe(
+                Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("reading a command")(e))),
+              )
+            const record = Option.getOrUndefined(Option.map(found, (e) => e.value))
+            let done = record === undefined || endedCommandStates.has(record.state)
+            if (record !== undefined && !done) {
+              const deadline = commandDeadline(record, s.ready_at)
+              if (deadline !== undefined && deadline <= now) {
+                // Its host never reported its end: it fails here, and the host is told to kill it.
+                const failed = yield* modifyCommand(run.id, seq, (r) =>
+                  endedCommandStates.has(r.state)
+                    ? undefined
+                    : ({
+                        ...r,
+                        state: "failed",
+                        error: details.commandLost(commandTimeout(r) ?? 0, commandGraceMs),
+                        ended_at: timestamp(now),
+                      } as CommandRecord),
+                ).pipe(
+                  Effect.mapError((e) =>
+                    e._tag === "KvValueInvalid" ? e : retryable("failing a command")(e),
+                  ),
+                )
+                done = true
+                if (Option.isSome(failed) && failed.value.state === "failed" && run.host !== undefined) {
+                  yield* Effect.logWarning("command past its timeout: failed").pipe(
+                    Effect.annotateLogs({ run: run.id, command: record.id, sequence: seq }),
+                  )
+                  sends.push(
+                    Actor.to(Host, run.host, {
+                      _tag: "CancelCommand",
+                      run: run.id,
+                      command: record.id,
+                      sequence: seq,
+                    }),
+                  )
+                }
+              } else if (deadline !== undefined)
+                earliest = earliest === undefined ? deadline : Math.min(earliest, deadline)
+            }
+            if (done && !open) through = seq
+            else open = true
+          }
+          const watched = { ...fired, watched_through: through }
+          return { state: earliest === undefined ? watched : armWatch(watched, earliest, ctx), send: sends }
+        }
 
         case "Succeed":
           if (run === undefined || ended) return { state: s }

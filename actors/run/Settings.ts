@@ -13,14 +13,20 @@ export interface RunSettingsShape {
    * per started `minuteMs` and times out after `timeout_minutes × minuteMs`.
    */
   readonly minuteMs: number
+  /**
+   * How long past a command's own timeout (from when the machine was ready) the run actor waits for
+   * its host to report its end before failing it (default 60 s).
+   */
+  readonly commandGraceMs: number
 }
 
 /** The run actor's settings. */
 export const RunSettings = defineSettings(
   "hangar/RunSettings",
-  { queueTimeoutMs: 15 * 60_000, minuteMs: 60_000 } as RunSettingsShape,
+  { queueTimeoutMs: 15 * 60_000, minuteMs: 60_000, commandGraceMs: 60_000 } as RunSettingsShape,
   (d) => ({
     queueTimeoutMs: env.integer("RUN_QUEUE_TIMEOUT_MS", d.queueTimeoutMs),
     minuteMs: env.integer("RUN_MINUTE_MS", d.minuteMs),
+    commandGraceMs: env.integer("RUN_COMMAND_GRACE_MS", d.commandGraceMs),
   }),
 )

@@ -17,6 +17,7 @@ import type { ObjectInfo, ObjectStore } from "../../core/ObjectStore.ts"
 import type { SealStream } from "../../core/SealStream.ts"
 import type { Storage } from "../../core/Storage.ts"
 import { type CommandRecord, type CommandResult, commandSchemas } from "../../schema/Command.ts"
+import { fileCommandTimeoutMs } from "../../schema/Limits.ts"
 import { type GuestSession, GuestUnavailable, InvalidArguments } from "../guest/GuestSession.ts"
 import * as Transfer from "../guest/Transfer.ts"
 import * as OutputSink from "./OutputSink.ts"
@@ -89,8 +90,8 @@ const decodeArguments = (record: CommandRecord): Either.Either<unknown, InvalidA
   )
 }
 
-/** Default of `CommandContext.fileTimeoutMs`. */
-export const FILE_TIMEOUT_MS = 5 * 60_000
+/** Default of `CommandContext.fileTimeoutMs` (the run actor counts on it: `Run.ts` command watch). */
+export const FILE_TIMEOUT_MS = fileCommandTimeoutMs
 
 /** Executes `record` on `guest`; `bash` output goes to the `OUTPUT` stream as it comes. */
 export const execute = (
