@@ -29,9 +29,28 @@ const chunk = (run: string, cmd: string, offset: number, text: string) =>
       headers: {
         [outputHeaders.offset]: String(offset),
         [outputHeaders.outputBytes]: String(offset + Buffer.byteLength(text)),
+        [outputHeaders.sealed]: "1",
       },
     })
   })
+
+describe("readOutputAt", () => {
+  it("reads chunks stored in clear before output was sealed (no Hangar-Sealed) beside sealed ones", () =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const { run, cmd } = ids()
+        const { names } = yield* Storage
+        yield* publish(names.subjects.output(run, cmd), "old ", {
+          msgId: `${cmd}:0`,
+          headers: { [outputHeaders.offset]: "0", [outputHeaders.outputBytes]: "4" },
+        })
+        yield* chunk(run, cmd, 4, "new")
+        const read = yield* readOutputAt(ACC, run, cmd, 0)
+        expect(read.output).toMatchObject({ output: "old new", next: 7, stored_bytes: 7, done: false })
+        expect((yield* readOutputAt(ACC, run, cmd, 2)).output.output).toBe("d new")
+      }),
+    ))
+})
 
 describe("awaitOutputAfter", () => {
   it("waits for the next chunk after the sequence read, and not for the ones before", () =>

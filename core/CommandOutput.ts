@@ -35,15 +35,22 @@ export const outputHeaders = {
   done: "Hangar-Done",
   /** On the marker: bytes kept in the stream. */
   storedBytes: "Hangar-Stored-Bytes",
+  /** `1` on a chunk sealed for the account; chunks stored before output was sealed have none. */
+  sealed: "Hangar-Sealed",
 } as const
 
 /** The sealed object a command's output chunks are pieces of. */
 export const outputObject = (run: string, cmd: string): string => `output/${run}/${cmd}`
 
 const offsetOf = (m: StoredMessage) => Number(m.header(outputHeaders.offset) ?? 0)
-/** Output bytes a message holds: a chunk's sealed bytes less the seal's; the marker holds none. */
+const isSealed = (m: StoredMessage) => m.header(outputHeaders.sealed) === "1"
+/** Output bytes a message holds: a chunk's bytes (less the seal's when sealed); the marker holds none. */
 const bytesOf = (m: StoredMessage) =>
-  m.header(outputHeaders.done) === "1" ? 0 : Math.max(0, m.data.length - OVERHEAD)
+  m.header(outputHeaders.done) === "1"
+    ? 0
+    : isSealed(m)
+      ? Math.max(0, m.data.length - OVERHEAD)
+      : m.data.length
 
 /**
  * How many bytes at the end of `bytes` are the start of a multibyte character whose rest is not
@@ -124,7 +131,7 @@ export const readOutputAt = (
         const from = Math.max(after, at)
         const to = Math.min(end, at + bytesOf(m))
         if (to <= from) return Effect.void
-        const plain = pieces.open(at, m.data)
+        const plain = isSealed(m) ? pieces.open(at, m.data) : m.data
         if (plain instanceof DecryptFailed) return Effect.fail(plain)
         window.set(plain.subarray(from - at, to - at), from - after)
         return Effect.void

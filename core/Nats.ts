@@ -87,6 +87,9 @@ export class Nats extends Context.Tag("hangar/Nats")<Nats, NatsClients>() {}
 // Draining waits on a real server, so its timeout runs on the real clock even under TestClock.
 const liveClock = Clock.make()
 
+/** How often the client pings its server. */
+export const PING_INTERVAL_MS = 10_000
+
 /** Connects (retrying reconnects forever once connected) and drains on scope close. */
 export const make = Effect.gen(function* () {
   const settings = yield* NatsSettings.Tag
@@ -101,6 +104,10 @@ export const make = Effect.gen(function* () {
         servers: settings.servers.split(",").map((s) => s.trim()),
         name: settings.name,
         maxReconnectAttempts: -1,
+        // A server that stops answering (frozen, cut off) counts as gone after two unanswered pings,
+        // 20–30 s, not the client's default 4–6 minutes (`reachable`, the gateway's 503).
+        pingInterval: PING_INTERVAL_MS,
+        maxPingOut: 2,
         // nats.js otherwise builds an Error with a stack trace for every request, only to give a
         // failure a nicer trace: about a tenth of an actor worker's CPU, plus the garbage. Our
         // failures are `NatsError`s named by operation (`attempt`), which is what logs show.
@@ -116,13 +123,8 @@ export const make = Effect.gen(function* () {
         Effect.ignore,
       ),
   )
-  const js = jetstream(connection)
-  const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection))
-  // Released before the drain above: waiting requests fail at once instead of at their deadline.
-  const requests = yield* Effect.acquireRelease(
-    Effect.sync(() => makeRequests(connection)),
-    (r) => Effect.sync(() => r.close()),
-  )
+  // Followed from the start: a disconnect (the socket closed, or two pings unanswered) until the
+  // client has reconnected.
   let up = true
   void (async () => {
     for await (const s of connection.status()) {
@@ -133,6 +135,13 @@ export const make = Effect.gen(function* () {
   void connection.closed().then(() => {
     up = false
   })
+  const js = jetstream(connection)
+  const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection))
+  // Released before the drain above: waiting requests fail at once instead of at their deadline.
+  const requests = yield* Effect.acquireRelease(
+    Effect.sync(() => makeRequests(connection)),
+    (r) => Effect.sync(() => r.close()),
+  )
   return { connection, js, jsm, requests, reachable: () => up } satisfies NatsClients
 })
 

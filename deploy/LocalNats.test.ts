@@ -45,6 +45,13 @@ const tempDataDir = Effect.acquireRelease(
 const start = (dataDir: string) =>
   LocalNats.make.pipe(Effect.provide(LocalNats.LocalNatsSettings.layer({ dataDir, port: -1 })))
 
+const startWith = (dataDir: string, storeKey: string) =>
+  LocalNats.make.pipe(
+    Effect.provide(
+      LocalNats.LocalNatsSettings.layer({ dataDir, port: -1, storeKey: Redacted.make(storeKey) }),
+    ),
+  )
+
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0)
@@ -197,6 +204,31 @@ describe("LocalNats", () => {
       yield* LocalNats.lock(other)
       expect(yield* lockHolder(other)).toBe(process.pid)
     }),
+  )
+
+  it.scoped(
+    "takes any key of 32 bytes or more, config syntax included, and refuses a shorter one without showing it",
+    () =>
+      Effect.gen(function* () {
+        for (const key of ['$HOME "quoted" \\x41 1234; true = $PATH {}', "1".repeat(40), "x".repeat(32)]) {
+          const dataDir = yield* tempDataDir
+          const first = yield* Scope.make()
+          const server = yield* startWith(dataDir, key).pipe(Scope.extend(first))
+          yield* publish(server.url, "KEYED", `value-${key.length}`)
+          yield* Scope.close(first, Exit.void)
+          const again = yield* startWith(dataDir, key)
+          expect(yield* firstMessage(again.url, "KEYED")).toBe(`value-${key.length}`)
+        }
+        const short = "s".repeat(31)
+        const error = yield* startWith(yield* tempDataDir, short).pipe(Effect.scoped, Effect.flip)
+        expect(error.message).toContain("at least 32 bytes")
+        expect(error.message).not.toContain(short)
+        // A key file too short (an empty one) is refused too.
+        const dataDir = yield* tempDataDir
+        yield* Effect.promise(() => writeFile(join(dataDir, "nats-store.key"), ""))
+        const fromFile = yield* start(dataDir).pipe(Effect.scoped, Effect.flip)
+        expect(fromFile.message).toContain("must be at least 32 bytes (it has 0)")
+      }),
   )
 
   it.effect("reads HANGAR_NATS_PORT; defaults to 127.0.0.1:4222 with data in .data/", () =>

@@ -260,17 +260,7 @@ export const make: Effect.Effect<
 > = Effect.gen(function* () {
   const settings = yield* LocalNatsSettings.Tag
   const dataLock = yield* lock(settings.dataDir)
-  const storeKey =
-    Redacted.value(settings.storeKey).length > 0
-      ? settings.storeKey
-      : yield* Effect.tryPromise({
-          try: () => readOrCreate(join(settings.dataDir, "nats-store.key"), () => randomBytes(32)),
-          catch: (e) =>
-            new NatsProcess.NatsProcessError({
-              message: `cannot read or make the store key: ${String(e)}`,
-              stderr: "",
-            }),
-        }).pipe(Effect.map((bytes) => Redacted.make(bytes.toString("hex"))))
+  const storeKey = yield* storeKeyOf(settings)
   const server = yield* NatsProcess.start({
     storeKey,
     storeDir: join(settings.dataDir, "nats"),
@@ -285,6 +275,36 @@ export const make: Effect.Effect<
   )
   return server
 })
+
+/** A store key shorter than this is refused (a typo, an empty file). */
+export const storeKeyMinBytes = 32
+
+/**
+ * The store's key: `HANGAR_NATS_STORE_KEY`, else `<dataDir>/nats-store.key` (made once, 0600). At
+ * least 32 bytes either way; the error never shows the key. The variable is taken out of this
+ * process's environment once read, so no child (lxcfs, qemu, a tool) inherits it.
+ */
+const storeKeyOf = (settings: LocalNatsSettingsShape) =>
+  Effect.gen(function* () {
+    const refuse = (message: string) => new NatsProcess.NatsProcessError({ message, stderr: "" })
+    const fromEnv = Redacted.value(settings.storeKey)
+    delete process.env.HANGAR_NATS_STORE_KEY
+    if (fromEnv.length > 0) {
+      if (Buffer.byteLength(fromEnv) < storeKeyMinBytes)
+        return yield* refuse(`HANGAR_NATS_STORE_KEY must be at least ${storeKeyMinBytes} bytes`)
+      return settings.storeKey
+    }
+    const file = join(settings.dataDir, "nats-store.key")
+    const bytes = yield* Effect.tryPromise({
+      try: () => readOrCreate(file, () => randomBytes(32)),
+      catch: (e) => refuse(`cannot read or make the store key ${file}: ${String(e)}`),
+    })
+    if (bytes.byteLength < storeKeyMinBytes)
+      return yield* refuse(
+        `the store key ${file} must be at least ${storeKeyMinBytes} bytes (it has ${bytes.byteLength})`,
+      )
+    return Redacted.make(bytes.toString("hex"))
+  })
 
 /** The identifier of the settings Tag, for requirement types. */
 export type LocalNatsSettings = Context.Tag.Identifier<typeof LocalNatsSettings.Tag>

@@ -15,6 +15,7 @@
  * starts with a key.
  */
 import { type ChildProcess, spawn } from "node:child_process"
+import { createHash } from "node:crypto"
 import { rmSync } from "node:fs"
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { connect, type Socket } from "node:net"
@@ -109,6 +110,14 @@ const liveClock = Clock.make()
 
 /** The environment variable that hands the server its store key. */
 export const storeKeyVariable = "HANGAR_NATS_STORE_KEY_FOR_SERVER"
+
+/**
+ * What the server is given for `storeKey`: the server reads a variable's value as config syntax
+ * (`$HOME` expands, quotes and escapes are taken away, `1234` or `true` are not strings), so it
+ * gets a hash of the key in a form that syntax leaves alone: `k` and 64 hex digits.
+ */
+export const serverKeyOf = (storeKey: Redacted.Redacted<string>): string =>
+  `k${createHash("sha256").update("hangar/nats-store/v1\0").update(Redacted.value(storeKey)).digest("hex")}`
 
 /** The generated config; strings are JSON-quoted, which the NATS config syntax accepts. */
 export const renderConfig = (
@@ -238,7 +247,7 @@ export const start = (
             env:
               options.storeKey === undefined
                 ? process.env
-                : { ...process.env, [storeKeyVariable]: Redacted.value(options.storeKey) },
+                : { ...process.env, [storeKeyVariable]: serverKeyOf(options.storeKey) },
           })
           running.set(spawned, runDir)
           if (spawned.pid !== undefined) {

@@ -88,7 +88,8 @@ const replyForCause = (cause: Cause.Cause<unknown>, reachable: () => boolean): E
   if (Option.isSome(failure) && failure.value instanceof ApiError) {
     return Effect.succeed(errorReply(failure.value))
   }
-  if (!reachable()) return Effect.succeed(unreachableReply)
+  if (!reachable())
+    return Effect.as(Effect.logWarning("request failed while NATS is unreachable", cause), unreachableReply)
   return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
 }
 

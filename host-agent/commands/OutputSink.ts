@@ -12,8 +12,10 @@
  * done, and its byte count from the record (the gateway's output route).
  *
  * Each chunk is sealed for the run's account on its own (`SealStream.pieces`, the object
- * `outputObject(run, cmd)`, the chunk's offset as its position), so a reader opens any chunk alone
- * and what a command prints (its secrets included) never reaches NATS in clear.
+ * `outputObject(run, cmd)`, the chunk's offset as its position; header `Hangar-Sealed: 1`), so a
+ * reader opens any chunk alone and the `OUTPUT` stream holds no output in clear. (The head and tail
+ * of the output in the command's `bash` result are in its record, which the store's own encryption
+ * protects: ARCHITECTURE.md, "Encryption at rest".)
  *
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
@@ -82,7 +84,11 @@ export const publishChunk = (
 ) =>
   publish(subject, data, {
     msgId: `${cmd}:${offset}`,
-    headers: { [outputHeaders.offset]: String(offset), [outputHeaders.outputBytes]: String(outputBytes) },
+    headers: {
+      [outputHeaders.offset]: String(offset),
+      [outputHeaders.outputBytes]: String(outputBytes),
+      [outputHeaders.sealed]: "1",
+    },
   })
 
 /** Publishes the done marker of a command (idempotent like `publishChunk`). */

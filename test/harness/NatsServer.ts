@@ -94,7 +94,11 @@ export const startNatsServer = async (options: TestServerOptions = {}): Promise<
   }
   const kill = async () => {
     process.kill(current.pid, "SIGKILL")
-    while (alive(current.pid)) await new Promise((r) => setTimeout(r, 10))
+    const deadline = Date.now() + 10_000
+    while (alive(current.pid)) {
+      if (Date.now() > deadline) throw new Error(`nats-server ${current.pid} still runs 10 s after SIGKILL`)
+      await new Promise((r) => setTimeout(r, 10))
+    }
   }
   // Each life's release (stop, then its config folder) runs with the scope's, last life first.
   const restart = async () => {

@@ -44,9 +44,13 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
   try {
     // A dead lxcfs (killed with the processes of a session, or crashed) leaves its mount behind:
     // every access to it, even mkdir of the mount point, fails ENOTCONN ("transport endpoint is not
-    // connected") until it is unmounted.
-    await run("umount", ["-l", mount]).catch(() => undefined)
-    await mkdir(mount, { recursive: true })
+    // connected"; ECONNABORTED just after) until it is unmounted. Only such a mount is taken away.
+    const isDead = (e: NodeJS.ErrnoException) => e.code === "ENOTCONN" || e.code === "ECONNABORTED"
+    await mkdir(mount, { recursive: true }).catch(async (e: NodeJS.ErrnoException) => {
+      if (!isDead(e)) throw e
+      await run("umount", ["-l", mount])
+      await mkdir(mount, { recursive: true })
+    })
     // lxcfs daemonizes itself once mounted; a second start (another host agent racing) fails and
     // finds the first serving.
     const child = spawn(
@@ -72,7 +76,13 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
  */
 export const ensure = async (mount = MOUNT, pidFile = "/run/hangar-lxcfs.pid"): Promise<boolean> => {
   const earlier = starts.get(mount)
-  if (earlier !== undefined && (await earlier) && (await serving(mount))) return true
+  if (earlier !== undefined) {
+    const ok = (await earlier) && (await serving(mount))
+    // Another caller started it again meanwhile: that start is the one to wait for.
+    if (starts.get(mount) !== earlier) return ensure(mount, pidFile)
+    if (ok) return true
+  }
+  // Checked and set with no await between: one start at a time per mount.
   const now = start(mount, pidFile)
   starts.set(mount, now)
   return now
