@@ -103,7 +103,7 @@ beforeAll(async () => {
   const tls = await selfSigned(dir)
   tool = await toolServer(tls)
   openai = await Effect.runPromise(
-    OpenAiFake.make({ keys: [KEY], models: ["gpt-fake"] }).pipe(Scope.extend(scope)),
+    OpenAiFake.make({ keys: [KEY], models: ["gpt-fake", "gpt-5"] }).pipe(Scope.extend(scope)),
   )
   anthropic = await Effect.runPromise(
     AnthropicFake.make({ keys: [KEY], models: ["claude-sonnet-4-5-20250929"] }).pipe(Scope.extend(scope)),
@@ -311,6 +311,58 @@ describe("the agent with OpenAI", () => {
     ])
     const calls = lines.filter((l) => l.kind === "tool_call")
     expect(calls.map((l) => [l.name, l.state, l.result.exit_code])).toEqual([["bash", "succeeded", 0]])
+  }, 120_000)
+
+  it("with a reasoning model, each turn's reasoning goes back with its id and the item it led to, and the run succeeds", async () => {
+    const reasoning = expectStatus(
+      await call(stack, "POST", "/v1/providers", acct.admin, {
+        name: "fake-openai-reasoning",
+        model: { provider: "openai", model: "gpt-5", reasoning_effort: "medium", compact_at_tokens: 8000 },
+        key: KEY,
+      }),
+      201,
+      "POST /v1/providers",
+    )
+    const fn = await agentFunction({ provider: `${reasoning.id}@latest` })
+    const from = openai.chats().length
+    openai.replyToolCalls(
+      [{ id: "call_r1", name: "bash", arguments: { command: "echo one > /workspace/out/result.txt" } }],
+      usage({ input_tokens: 100, output_tokens: 30 }),
+      { reasoning: "enc-turn-1", text: "Writing." },
+    )
+    openai.replyToolCalls(
+      [{ id: "call_r2", name: "bash", arguments: { command: "cat /workspace/out/result.txt" } }],
+      usage({ input_tokens: 150, output_tokens: 20 }),
+      { reasoning: "enc-turn-2" },
+    )
+    openai.replyToolCalls(
+      [{ id: "call_r3", name: "submit_result", arguments: { summary: "done" } }],
+      usage({ input_tokens: 200, output_tokens: 10 }),
+      { reasoning: "enc-turn-3" },
+    )
+    const started = await startRun(stack, acct, fn.function, { prompt: "Write one." })
+    const run = await ended(started.id, "succeeded")
+    expect(run.message).toBe("done")
+    const chats = chatsSince(from)
+    expect(chats).toHaveLength(3)
+    expect(chats[0]!.body.include).toEqual(["reasoning.encrypted_content"])
+    expect(chats[0]!.body.reasoning).toEqual({ effort: "medium" })
+    // The third turn carries both earlier reasonings, each with its id, each before its own items.
+    const input = chats[2]!.body.input as Array<Record<string, unknown>>
+    const kinds = input.map((i) => String(i.type ?? i.role))
+    expect(kinds).toEqual([
+      "user",
+      "reasoning",
+      "message",
+      "function_call",
+      "function_call_output",
+      "reasoning",
+      "function_call",
+      "function_call_output",
+    ])
+    const reasonings = input.filter((i) => i.type === "reasoning")
+    expect(reasonings.map((r) => r.encrypted_content)).toEqual(["enc-turn-1", "enc-turn-2"])
+    for (const r of reasonings) expect(String(r.id)).toMatch(/^rs_/)
   }, 120_000)
 
   it("bad arguments and unknown tools go back as errors and run nothing", async () => {

@@ -517,54 +517,75 @@ describe("OpenAI specifics", () => {
     }),
   )
 
-  it.scoped("reasoning and web search items go back in output order, without reasoning ids", () =>
-    Effect.gen(function* () {
-      const { fake, chat } = yield* over(OpenAiFake.make({ keys: [KEY] }))
-      fake.replyToolCalls(
-        [{ name: "bash", arguments: { command: "ls" }, id: "call_a" }],
-        { web_searches: 1 },
-        {
-          reasoning: "enc-1",
-          text: "Let me look.",
-        },
-      )
-      const first = yield* chat.reply(requestFor("openai"))
-      expect(first.item.text).toBe("Let me look.")
-      expect(first.usage.web_searches).toBe(1)
-      fake.replyText("done")
-      yield* chat.reply(
-        requestFor("openai", {
-          items: [
-            prompt,
-            first.item,
-            {
-              role: "tool",
-              call_id: "call_a",
-              name: "bash",
-              content: [{ type: "text", text: "x" }],
-              is_error: false,
-            },
-          ],
-        }),
-      )
-      const input = fake.lastChat().body.input as Array<Record<string, unknown>>
-      expect(input.map((i) => i.type ?? i.role)).toEqual([
-        "user",
-        "reasoning",
-        "web_search_call",
-        "assistant",
-        "function_call",
-        "function_call_output",
-      ])
-      expect(input[1]).toEqual({ type: "reasoning", summary: [], encrypted_content: "enc-1" })
-      expect(input[3]).toEqual({ role: "assistant", content: "Let me look." })
-      expect(input[4]).toEqual({
-        type: "function_call",
-        call_id: "call_a",
-        name: "bash",
-        arguments: '{"command":"ls"}',
-      })
-    }),
+  it.scoped(
+    "reasoning, search, message and call items go back in output order as the API gave them, ids included",
+    () =>
+      Effect.gen(function* () {
+        const { fake, chat } = yield* over(OpenAiFake.make({ keys: [KEY] }))
+        fake.replyToolCalls(
+          [{ name: "bash", arguments: { command: "ls" }, id: "call_a" }],
+          { web_searches: 1 },
+          {
+            reasoning: "enc-1",
+            text: "Let me look.",
+          },
+        )
+        const first = yield* chat.reply(requestFor("openai"))
+        expect(first.item.text).toBe("Let me look.")
+        expect(first.usage.web_searches).toBe(1)
+        fake.replyText("done")
+        const toolResult: Item = {
+          role: "tool",
+          call_id: "call_a",
+          name: "bash",
+          content: [{ type: "text", text: "x" }],
+          is_error: false,
+        }
+        yield* chat.reply(requestFor("openai", { items: [prompt, first.item, toolResult] }))
+        const input = fake.lastChat().body.input as Array<Record<string, unknown>>
+        expect(input.map((i) => i.type ?? i.role)).toEqual([
+          "user",
+          "reasoning",
+          "web_search_call",
+          "message",
+          "function_call",
+          "function_call_output",
+        ])
+        // Each output item as given, with its id.
+        const id = (prefix: string) => expect.stringMatching(new RegExp(`^${prefix}_`))
+        expect(input[1]).toEqual({ type: "reasoning", id: id("rs"), summary: [], encrypted_content: "enc-1" })
+        expect(input[2]).toMatchObject({ type: "web_search_call", id: id("ws"), status: "completed" })
+        expect(input[3]).toEqual({
+          type: "message",
+          id: id("msg"),
+          role: "assistant",
+          status: "completed",
+          content: [{ type: "output_text", text: "Let me look.", annotations: [] }],
+        })
+        expect(input[4]).toEqual({
+          type: "function_call",
+          id: id("fc"),
+          call_id: "call_a",
+          name: "bash",
+          arguments: '{"command":"ls"}',
+          status: "completed",
+        })
+
+        // The old form (a reasoning item without its id) is refused as OpenAI refuses it.
+        const data =
+          first.item.role === "assistant"
+            ? (first.item.vendor?.data as { items: Array<Record<string, unknown>> })
+            : undefined
+        const stripped = data!.items.map(({ id: _id, ...rest }) =>
+          rest.type === "reasoning" ? rest : { id: _id, ...rest },
+        )
+        const old: Item = { ...first.item, vendor: { provider: "openai", data: { items: stripped } } } as Item
+        const refused = yield* chat
+          .reply(requestFor("openai", { items: [prompt, old, toolResult] }))
+          .pipe(Effect.flip)
+        expect(refused).toMatchObject({ _tag: "ChatRefused", status: 400 })
+        expect(refused.message).toContain("Missing required parameter: 'input[1].id'.")
+      }),
   )
 
   it.scoped("an item another vendor made is rebuilt from its text and calls", () =>

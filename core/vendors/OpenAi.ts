@@ -15,9 +15,11 @@
  * `Error: ` since the item has no error flag). Reasoning models get
  * `include: ["reasoning.encrypted_content"]`, so their `reasoning` items come back encrypted and are
  * kept, in output order with the turn's messages, function calls and `web_search_call` items, in
- * the assistant item's `vendor.data.items` and sent back verbatim (reasoning items without their
- * `id`, which would point at server state that `store: false` never made). Non-reasoning models
- * refuse that `include`, so they do not get it.
+ * the assistant item's `vendor.data.items` and sent back as the API gave them, ids included: the
+ * API reference requires `id` and `summary` on a `reasoning` input item, and a reasoning item must
+ * be followed by the output item it led to (a `message` with its `msg_` id and `status`, or a
+ * `function_call` with its `fc_` id). Non-reasoning models refuse that `include`, so they do not
+ * get it.
  *
  * Tools are `{type: "function", name, description, parameters, strict: false}` plus
  * `{type: "web_search"}`; `reasoning: {effort}` when an effort is set; `max_output_tokens` when >0.
@@ -112,6 +114,8 @@ export const isReasoningModel = (model: string): boolean => {
 const OutputItem = Schema.Union(
   Schema.Struct({
     type: Schema.Literal("message"),
+    id: Schema.optional(Schema.String),
+    status: Schema.optional(Schema.String),
     content: Schema.Array(
       Schema.Union(
         Schema.Struct({ type: Schema.Literal("output_text"), text: Schema.String }),
@@ -122,12 +126,15 @@ const OutputItem = Schema.Union(
   }),
   Schema.Struct({
     type: Schema.Literal("function_call"),
+    id: Schema.optional(Schema.String),
     call_id: Schema.String,
     name: Schema.String,
     arguments: Schema.String,
+    status: Schema.optional(Schema.String),
   }),
   Schema.Struct({
     type: Schema.Literal("reasoning"),
+    id: Schema.String,
     summary: Schema.optional(Schema.Array(Schema.Unknown)),
     encrypted_content: Schema.optional(Schema.NullOr(Schema.String)),
   }),
@@ -248,16 +255,46 @@ export const replyOf = (answer: typeof Response.Type): Effect.Effect<ChatReply, 
     if (out.type === "message" && "content" in out) {
       const text = out.content.map((c) => ("text" in c ? c.text : "refusal" in c ? c.refusal : "")).join("")
       texts.push(text)
-      replay.push({ role: "assistant", content: text })
+      // As given (an output message is an input item), or as plain text when it has no id.
+      replay.push(
+        out.id === undefined
+          ? { role: "assistant", content: text }
+          : {
+              type: "message",
+              id: out.id,
+              role: "assistant",
+              status: out.status ?? "completed",
+              content: out.content.flatMap(
+                (c): Array<Record<string, unknown>> =>
+                  "text" in c
+                    ? [{ type: "output_text", text: c.text, annotations: [] }]
+                    : "refusal" in c
+                      ? [{ type: "refusal", refusal: c.refusal }]
+                      : [],
+              ),
+            },
+      )
     } else if (out.type === "function_call" && "call_id" in out) {
       calls.push({ id: out.call_id, name: out.name, arguments: parseArguments(out.arguments) })
-      replay.push({ type: "function_call", call_id: out.call_id, name: out.name, arguments: out.arguments })
+      replay.push({
+        type: "function_call",
+        ...(out.id === undefined ? {} : { id: out.id }),
+        call_id: out.call_id,
+        name: out.name,
+        arguments: out.arguments,
+        ...(out.status === undefined ? {} : { status: out.status }),
+      })
     } else if (
       out.type === "reasoning" &&
       "encrypted_content" in out &&
       typeof out.encrypted_content === "string"
     ) {
-      replay.push({ type: "reasoning", summary: out.summary ?? [], encrypted_content: out.encrypted_content })
+      replay.push({
+        type: "reasoning",
+        id: out.id,
+        summary: out.summary ?? [],
+        encrypted_content: out.encrypted_content,
+      })
     } else if (out.type === "web_search_call" && "id" in out) {
       searches += 1
       replay.push({

@@ -222,8 +222,40 @@ const validateResponses = (request: RecordedRequest): Reply | undefined => {
         },
       },
     }
+  const input = objects(body.input)
+  for (const [i, item] of input.entries()) {
+    // The API reference's required fields of the input items that carry an output item back.
+    const required =
+      item.type === "reasoning"
+        ? ["id", "summary"]
+        : item.type === "message" &&
+            item.role === "assistant" &&
+            objects(item.content).some((c) => c.type === "output_text")
+          ? ["id", "status"]
+          : []
+    for (const field of required)
+      if (item[field] === undefined || item[field] === null) return missing(`input[${i}].${field}`)
+    // A reasoning item goes back with the item it led to right after it.
+    const next = input[i + 1]
+    if (
+      item.type === "reasoning" &&
+      (next === undefined ||
+        !["message", "function_call", "web_search_call", "reasoning"].includes(String(next.type)))
+    )
+      return {
+        status: 400,
+        json: {
+          error: {
+            message: `Item '${String(item.id)}' of type 'reasoning' was provided without its required following item.`,
+            type: "invalid_request_error",
+            param: "input",
+            code: null,
+          },
+        },
+      }
+  }
   const calls = new Set<string>()
-  for (const item of objects(body.input)) {
+  for (const item of input) {
     if (item.type === "function_call") calls.add(String(item.call_id))
     if (item.type === "function_call_output" && !calls.has(String(item.call_id))) {
       return error(
@@ -235,6 +267,19 @@ const validateResponses = (request: RecordedRequest): Reply | undefined => {
   }
   return undefined
 }
+
+/** 400 for a required field left out, as OpenAI words it. */
+const missing = (param: string): Reply => ({
+  status: 400,
+  json: {
+    error: {
+      message: `Missing required parameter: '${param}'.`,
+      type: "invalid_request_error",
+      param,
+      code: "missing_required_parameter",
+    },
+  },
+})
 
 /** An OpenAI error reply. */
 export const error = (status: number, message: string, type: string, code: string | null = null): Reply => ({
