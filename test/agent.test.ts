@@ -526,6 +526,38 @@ describe("the other vendors", () => {
   }
 })
 
+describe("quotas and rate limits", () => {
+  it("google: a daily quota spent fails the run provider at once with Google's words; a per-minute limit is waited out", async () => {
+    const fn = await agentFunction({ provider: providers.google })
+    let started = await startRun(stack, acct, fn.function)
+    await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
+    google.failNext(1, GoogleFake.quotaExhausted())
+    const spent = await ended(started.id, "failed")
+    expect(spent.failure).toBe("provider")
+    expect(spent.detail).toContain("You exceeded your current quota")
+
+    started = await startRun(stack, acct, fn.function)
+    await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
+    const from = google.requests.length
+    google.failNext(1, GoogleFake.rateLimited("1s"))
+    google.replyToolCalls([
+      {
+        id: "q1",
+        name: "bash",
+        arguments: { command: "mkdir -p /workspace/out && echo ok > /workspace/out/result.txt" },
+      },
+    ])
+    google.replyToolCalls([{ id: "q2", name: "submit_result", arguments: { summary: "after the wait" } }])
+    const run = await ended(started.id, "succeeded")
+    expect(run.message).toBe("after the wait")
+    // The limited call, then the next one no sooner than the RetryInfo asked (the loop's own backoff
+    // here is 50–200 ms).
+    const turns = google.requests.slice(from).filter((r) => r.path.endsWith(":generateContent"))
+    expect(turns).toHaveLength(3)
+    expect(turns[1]!.at - turns[0]!.at).toBeGreaterThanOrEqual(1000)
+  }, 120_000)
+})
+
 describe("screenshots, web search and compaction", () => {
   // A 1x1 PNG; the test base has no display, so the test puts a `screenshot` that copies it.
   const PIXEL =

@@ -43,9 +43,12 @@
  * `no_submission` with the model's last words in its detail.
  *
  * Vendor failures: `VendorRejectedKey` and `ChatRefused` fail the run `provider` with the vendor's
- * own (key-scrubbed) words in `detail`; `VendorUnavailable` is retried with exponential backoff
- * (`retryBaseMs`…`retryMaxMs`) until it answers or the run's own timeout ends the run (which
- * interrupts the loop).
+ * own (key-scrubbed) words in `detail` (a quota spent is such a refusal: OpenAI's
+ * `insufficient_quota`, Anthropic's credit balance, Google's per-day `QuotaFailure`);
+ * `VendorUnavailable` (rate limits, overload, outages) is retried with exponential backoff
+ * (`retryBaseMs`…`retryMaxMs`), never sooner than the wait the vendor asked for (`Retry-After`,
+ * `retry-after-ms`, Google's `RetryInfo`, at most 15 minutes), until it answers or the run's own
+ * timeout ends the run (which interrupts the loop).
  *
  * Log: the host agent logs each agent command as a `tool_call` line; the model's messages reach
  * the run log through the host actor of the run's host (`Log`: `assistant` lines with the turn,
@@ -342,16 +345,27 @@ export const run = (deps: LoopDeps, agent: AgentRun): Effect.Effect<LoopEnd, unk
       web_search: fn.tools.includes("web_search"),
     })
 
-    // Vendor calls: retried while unavailable; a refusal fails the run.
+    // Vendor calls: retried while unavailable (backing off, and never sooner than the vendor asked:
+    // `Retry-After`, `retry-after-ms`, Google's `RetryInfo`); a refusal (a quota spent, say) fails the run.
     const retry = Schedule.exponential(Duration.millis(settings.retryBaseMs)).pipe(
       Schedule.modifyDelay((d) => Duration.min(d, Duration.millis(settings.retryMaxMs))),
+      Schedule.intersect(Schedule.identity<ChatError>()),
+      Schedule.modifyDelay(([, e], d) =>
+        e._tag === "VendorUnavailable" && e.retryAfterMs !== undefined
+          ? Duration.max(d, Duration.millis(e.retryAfterMs))
+          : d,
+      ),
     )
     const vendorCall = <A>(what: string, call: Effect.Effect<A, ChatError>) =>
       call.pipe(
         Effect.tapError((e) =>
           e._tag === "VendorUnavailable"
             ? Effect.logWarning(`${what}: the vendor is unavailable, retrying`).pipe(
-                Effect.annotateLogs({ status: e.status, error: e.message }),
+                Effect.annotateLogs({
+                  status: e.status,
+                  error: e.message,
+                  ...(e.retryAfterMs === undefined ? {} : { retry_after_ms: e.retryAfterMs }),
+                }),
               )
             : Effect.void,
         ),

@@ -14,9 +14,12 @@ import type { FakeCall, FakeControls, FakeUsage, SeenChat } from "../../test/fak
 import * as GoogleFake from "../../test/fakes/GoogleFake.ts"
 import * as OpenAiFake from "../../test/fakes/OpenAiFake.ts"
 import * as Log from "../Log.ts"
+import * as Anthropic from "./Anthropic.ts"
 import { Chat, type ChatRequest, type Item } from "./Chat.ts"
 import { ChatSettings, layer, summaryPrompt } from "./ChatClient.ts"
-import { compactionText } from "./Http.ts"
+import * as Google from "./Google.ts"
+import { compactionText, retryAfterMaxMs, retryAfterOf } from "./Http.ts"
+import * as OpenAi from "./OpenAi.ts"
 import { VendorSettings } from "./Vendors.ts"
 
 const KEY = "sk-proj-CANARY0123456789abcdefWXYZ"
@@ -638,6 +641,60 @@ describe("OpenAI specifics", () => {
       })
     }),
   )
+
+  it.scoped(
+    "a quota spent is refused for good and a rate limit is unavailable with the wait each vendor asks for",
+    () =>
+      Effect.gen(function* () {
+        // Google: a per-day quota refuses; a per-minute limit waits its RetryInfo.
+        const google = yield* over(GoogleFake.make({ keys: [KEY] }))
+        google.fake.failNext(1, GoogleFake.quotaExhausted())
+        const daily = failureOf(yield* Effect.exit(google.chat.reply(requestFor("google"))))
+        expect(daily).toMatchObject({ _tag: "ChatRefused", provider: "google", status: 429 })
+        expect(daily.message).toContain("You exceeded your current quota")
+        google.fake.failNext(1, GoogleFake.rateLimited("2.5s"))
+        expect(failureOf(yield* Effect.exit(google.chat.reply(requestFor("google"))))).toMatchObject({
+          _tag: "VendorUnavailable",
+          status: 429,
+          retryAfterMs: 2500,
+        })
+        // OpenAI: retry-after-ms; Anthropic: retry-after in seconds; a spent credit balance refuses.
+        const openai = yield* over(OpenAiFake.make({ keys: [KEY] }))
+        openai.fake.failNext(1, OpenAiFake.rateLimited(1500))
+        expect(failureOf(yield* Effect.exit(openai.chat.reply(requestFor("openai"))))).toMatchObject({
+          _tag: "VendorUnavailable",
+          retryAfterMs: 1500,
+        })
+        const anthropic = yield* over(AnthropicFake.make({ keys: [KEY] }))
+        anthropic.fake.failNext(1, AnthropicFake.rateLimited(3))
+        expect(failureOf(yield* Effect.exit(anthropic.chat.reply(requestFor("anthropic"))))).toMatchObject({
+          _tag: "VendorUnavailable",
+          retryAfterMs: 3000,
+        })
+        anthropic.fake.failNext(1, AnthropicFake.creditTooLow())
+        const credit = failureOf(yield* Effect.exit(anthropic.chat.reply(requestFor("anthropic"))))
+        expect(credit).toMatchObject({ _tag: "ChatRefused", status: 400 })
+        expect(credit.message).toContain("credit balance is too low")
+        // Without a hint there is none to follow.
+        anthropic.fake.failNext(1, AnthropicFake.rateLimited())
+        const plain = failureOf(yield* Effect.exit(anthropic.chat.reply(requestFor("anthropic"))))
+        expect(plain).toMatchObject({ _tag: "VendorUnavailable" })
+        expect(plain).not.toHaveProperty("retryAfterMs")
+      }),
+  )
+
+  it("reads a retry hint from retry-after-ms, retry-after in seconds or as a date, or the body; capped at 15 minutes", () => {
+    const now = Date.parse("2026-11-25T12:00:00Z")
+    expect(retryAfterOf({ "retry-after-ms": "250" }, {}, OpenAi.dialect, now)).toBe(250)
+    expect(retryAfterOf({ "retry-after": "7" }, {}, Anthropic.dialect, now)).toBe(7000)
+    expect(retryAfterOf({ "retry-after": "Wed, 25 Nov 2026 12:00:30 GMT" }, {}, Anthropic.dialect, now)).toBe(
+      30_000,
+    )
+    expect(retryAfterOf({}, GoogleFake.rateLimited("0.5s").json, Google.dialect, now)).toBe(500)
+    expect(retryAfterOf({ "retry-after": "86400" }, {}, Anthropic.dialect, now)).toBe(retryAfterMaxMs)
+    expect(retryAfterOf({ "retry-after": "soon" }, {}, Anthropic.dialect, now)).toBeUndefined()
+    expect(retryAfterOf({}, {}, OpenAi.dialect, now)).toBeUndefined()
+  })
 
   it.scoped("a wrong key is rejected with the masked key scrubbed", () =>
     Effect.gen(function* () {

@@ -28,6 +28,8 @@ export class VendorUnavailable extends Schema.TaggedError<VendorUnavailable>()("
   vendor: Vendor,
   status: Schema.Number,
   message: Schema.String,
+  /** How long the vendor asked to wait before trying again (`Retry-After`, `retry-after-ms`, Google's `RetryInfo`). */
+  retryAfterMs: Schema.optional(Schema.Number),
 }) {}
 
 /** The key works but the vendor's catalog for it has no model with this id. */

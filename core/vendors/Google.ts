@@ -32,7 +32,8 @@
  *
  * Errors for a turn: 401/403 and a 400 whose `ErrorInfo` says `API_KEY_INVALID` refuse the key;
  * other 400s (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`) and 404/413/422 refuse the request;
- * 429 `RESOURCE_EXHAUSTED`, 5xx and 503 `UNAVAILABLE` are unavailable.
+ * 429 `RESOURCE_EXHAUSTED` for a rate limit (its `RetryInfo.retryDelay` is the wait), 5xx and 503
+ * `UNAVAILABLE` are unavailable; a 429 for a per-day quota (`QuotaFailure`) is refused for good.
  */
 import { randomUUID } from "node:crypto"
 import { type HttpClient, HttpClientRequest } from "@effect/platform"
@@ -89,6 +90,44 @@ const reasonsOf = (body: unknown): ReadonlyArray<string> => {
   )
 }
 
+// The `details` of a Google error of one `@type` (`type.googleapis.com/google.rpc.<name>`).
+const detailsOf = (body: unknown, name: string): ReadonlyArray<Record<string, unknown>> => {
+  const error = typeof body === "object" && body !== null ? (body as { error?: unknown }).error : undefined
+  const details = typeof error === "object" && error !== null ? (error as { details?: unknown }).details : []
+  if (!Array.isArray(details)) return []
+  return details.filter(
+    (d): d is Record<string, unknown> =>
+      typeof d === "object" &&
+      d !== null &&
+      String((d as Record<string, unknown>)["@type"]).endsWith(`.rpc.${name}`),
+  )
+}
+
+/** Google's `RetryInfo.retryDelay` (a `google.protobuf.Duration` in JSON: `"37s"`, `"0.5s"`) in ms. */
+export const retryDelayOf = (body: unknown): number | undefined => {
+  for (const d of detailsOf(body, "RetryInfo")) {
+    const m = /^(\d+(?:\.\d+)?)s$/.exec(String(d.retryDelay))
+    if (m !== null) return Number(m[1]) * 1000
+  }
+  return undefined
+}
+
+/**
+ * Whether a 429 `RESOURCE_EXHAUSTED` is a quota spent for the day (or the plan), which waiting
+ * within a run will not bring back, rather than a short rate limit: a `QuotaFailure` violation of
+ * a per-day quota (`quotaId` `…PerDay…`), or the quota message with no `RetryInfo` to wait for.
+ */
+export const quotaExhausted = (status: number, body: unknown): boolean => {
+  if (status !== 429) return false
+  const quotaIds = detailsOf(body, "QuotaFailure").flatMap((d) =>
+    Array.isArray(d.violations)
+      ? d.violations.map((v) => String((v as Record<string, unknown>)?.quotaId ?? ""))
+      : [],
+  )
+  if (quotaIds.some((id) => /PerDay/i.test(id))) return true
+  return retryDelayOf(body) === undefined && /exceeded your current quota/i.test(errorMessageOf(body) ?? "")
+}
+
 /** How Google reports errors. */
 export const dialect: Dialect = {
   vendor: "google",
@@ -96,7 +135,9 @@ export const dialect: Dialect = {
     status === 401 || status === 403 || reasonsOf(body).some((reason) => keyReasons.has(reason)),
   messageOf: errorMessageOf,
   refuses: (status, body) =>
-    refusedStatuses.has(status) && !reasonsOf(body).some((reason) => keyReasons.has(reason)),
+    (refusedStatuses.has(status) && !reasonsOf(body).some((reason) => keyReasons.has(reason))) ||
+    quotaExhausted(status, body),
+  retryAfterOf: retryDelayOf,
 }
 
 /** The fields of a `GET /v1beta/models` page we use. */

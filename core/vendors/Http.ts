@@ -33,6 +33,31 @@ export interface Dialect {
   readonly messageOf: (body: unknown) => string | undefined
   /** For chat calls: whether an error answer refuses the request for good (see `sendChat`). */
   readonly refuses?: (status: number, body: unknown) => boolean
+  /** A wait the error body asks for, beyond the headers (Google's `RetryInfo`). */
+  readonly retryAfterOf?: (body: unknown) => number | undefined
+}
+
+/** Longest wait a vendor's hint is followed for; a run's own timeout still ends the run first. */
+export const retryAfterMaxMs = 15 * 60_000
+
+/**
+ * The wait an error answer asks for, in ms: `retry-after-ms` (OpenAI), `retry-after` in seconds or
+ * as an HTTP date (all three), or the dialect's reading of the body; none when it asks for none.
+ */
+export const retryAfterOf = (
+  headers: Readonly<Record<string, string | undefined>>,
+  body: unknown,
+  dialect: Dialect,
+  now: number = Date.now(),
+): number | undefined => {
+  const ms = Number(headers["retry-after-ms"])
+  const after = headers["retry-after"]
+  const seconds = after === undefined || after.trim() === "" ? Number.NaN : Number(after)
+  const date = after === undefined || !Number.isNaN(seconds) ? Number.NaN : Date.parse(after) - now
+  const hint = [ms, seconds * 1000, date, dialect.retryAfterOf?.(body) ?? Number.NaN].find(
+    (n) => Number.isFinite(n) && n >= 0,
+  )
+  return hint === undefined ? undefined : Math.min(Math.ceil(hint), retryAfterMaxMs)
 }
 
 /** The statuses every vendor uses for a request that cannot succeed as sent. */
@@ -83,16 +108,24 @@ const exchange = <A, I, R>(
   refused: (status: number, body: unknown, message: string) => R | undefined,
 ): Effect.Effect<A, Sorted<R>> => {
   const { vendor } = dialect
-  const unavailable = (status: number, message: string) => new VendorUnavailable({ vendor, status, message })
+  const unavailable = (status: number, message: string, retryAfterMs?: number) =>
+    new VendorUnavailable({
+      vendor,
+      status,
+      message,
+      ...(retryAfterMs === undefined ? {} : { retryAfterMs }),
+    })
   const decode = Schema.decodeUnknown(schema, { onExcessProperty: "ignore" })
   return http.execute(request).pipe(
-    Effect.flatMap((response) => Effect.map(response.text, (text) => ({ status: response.status, text }))),
+    Effect.flatMap((response) =>
+      Effect.map(response.text, (text) => ({ status: response.status, text, headers: response.headers })),
+    ),
     Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
     Effect.timeoutFail({
       duration: Duration.millis(endpoint.timeoutMs),
       onTimeout: () => unavailable(0, `no answer within ${endpoint.timeoutMs} ms`),
     }),
-    Effect.flatMap(({ status, text }): Effect.Effect<A, Sorted<R>> => {
+    Effect.flatMap(({ status, text, headers }): Effect.Effect<A, Sorted<R>> => {
       const body = parseJson(text)
       if (status >= 200 && status < 300) {
         return decode(body).pipe(
@@ -113,7 +146,7 @@ const exchange = <A, I, R>(
       return Effect.fail(
         dialect.rejectsKey(status, body)
           ? new VendorRejectedKey({ vendor, status, message })
-          : unavailable(status, message),
+          : unavailable(status, message, retryAfterOf(headers, body, dialect)),
       )
     }),
     Effect.locallyWith(Headers.currentRedactedNames, (names) => [...names, ...keyHeaders]),

@@ -280,8 +280,18 @@ export const overloaded = (): Reply => error(529, "overloaded_error", "Overloade
 export const apiError = (): Reply => error(500, "api_error", "Internal server error")
 
 /** 429 as Anthropic sends it when a rate limit is reached. */
-export const rateLimited = (): Reply =>
-  error(429, "rate_limit_error", "This request would exceed the rate limit for your organization.")
+export const rateLimited = (retryAfterSeconds?: number): Reply => ({
+  ...error(429, "rate_limit_error", "This request would exceed the rate limit for your organization."),
+  ...(retryAfterSeconds === undefined ? {} : { headers: { "retry-after": String(retryAfterSeconds) } }),
+})
+
+/** 400 as Anthropic sends it when the organization's credit is spent. */
+export const creditTooLow = (): Reply =>
+  error(
+    400,
+    "invalid_request_error",
+    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits.",
+  )
 
 /**
  * What we answer for a request offering web search to an organization whose admin disabled it.

@@ -52,6 +52,8 @@ export interface RecordedRequest {
   /** Header names lower-cased. */
   readonly headers: Readonly<Record<string, string>>
   readonly body: string
+  /** When it arrived (epoch ms). */
+  readonly at: number
 }
 
 /** A route: requests whose method and path match are answered by `handle` (or its queue). */
@@ -234,6 +236,7 @@ export const start = (options: FakeOptions): Effect.Effect<FakeControls, never, 
           query: Object.fromEntries(parsed.searchParams),
           headers: headersOf(req),
           body: Buffer.concat(chunks).toString("utf8"),
+          at: Date.now(),
         }
         requests.push(request)
         for (const waiter of waiters) {

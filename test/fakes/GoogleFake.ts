@@ -250,6 +250,54 @@ export const error = (
 export const unavailable = (): Reply =>
   error(503, "UNAVAILABLE", "The model is overloaded. Please try again later.")
 
+const quotaHelp = {
+  "@type": "type.googleapis.com/google.rpc.Help",
+  links: [
+    {
+      description: "Learn more about Gemini API quotas",
+      url: "https://ai.google.dev/gemini-api/docs/rate-limits",
+    },
+  ],
+}
+const quotaMessage =
+  "You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits."
+
+/** 429 for a per-minute limit: a `QuotaFailure` naming the per-minute quota, and `RetryInfo`. */
+export const rateLimited = (retryDelay = "1s"): Reply =>
+  error(429, "RESOURCE_EXHAUSTED", quotaMessage, [
+    {
+      "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+      violations: [
+        {
+          quotaMetric: "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+          quotaId: "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+          quotaDimensions: { location: "global", model: "gemini-2.5-pro" },
+          quotaValue: "5",
+        },
+      ],
+    },
+    quotaHelp,
+    { "@type": "type.googleapis.com/google.rpc.RetryInfo", retryDelay },
+  ])
+
+/** 429 for a daily quota spent: the per-day `QuotaFailure` (its `RetryInfo` points at tomorrow). */
+export const quotaExhausted = (): Reply =>
+  error(429, "RESOURCE_EXHAUSTED", quotaMessage, [
+    {
+      "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+      violations: [
+        {
+          quotaMetric: "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+          quotaId: "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+          quotaDimensions: { location: "global", model: "gemini-2.5-pro" },
+          quotaValue: "50",
+        },
+      ],
+    },
+    quotaHelp,
+    { "@type": "type.googleapis.com/google.rpc.RetryInfo", retryDelay: "41s" },
+  ])
+
 /** The 400 Google answers for a wrong key. */
 export const invalidKey = (): Reply => {
   const message = "API key not valid. Please pass a valid API key."

@@ -292,8 +292,15 @@ export const serverError = (): Reply =>
   error(500, "The server had an error while processing your request. Sorry about that!", "server_error")
 
 /** 429 as OpenAI sends it when the key's rate limit is reached. */
-export const rateLimited = (): Reply =>
-  error(429, "Rate limit reached for requests. Please try again in 20ms.", "requests", "rate_limit_exceeded")
+export const rateLimited = (retryAfterMs?: number): Reply => ({
+  ...error(
+    429,
+    "Rate limit reached for requests. Please try again in 20ms.",
+    "requests",
+    "rate_limit_exceeded",
+  ),
+  ...(retryAfterMs === undefined ? {} : { headers: { "retry-after-ms": String(retryAfterMs) } }),
+})
 
 // OpenAI shows a masked key: its first 8 and last 4 characters around asterisks.
 const masked = (key: string) =>
