@@ -111,7 +111,10 @@ beforeAll(async () => {
   google = await Effect.runPromise(
     GoogleFake.make({
       keys: [KEY],
-      models: [{ id: "gemini-2.5-pro", supportedGenerationMethods: ["generateContent"] }],
+      models: [
+        { id: "gemini-2.5-pro", supportedGenerationMethods: ["generateContent"] },
+        { id: "gemini-3-pro-preview", supportedGenerationMethods: ["generateContent"] },
+      ],
     }).pipe(Scope.extend(scope)),
   )
   stack = await startStack({
@@ -556,6 +559,54 @@ describe("quotas and rate limits", () => {
     expect(turns).toHaveLength(3)
     expect(turns[1]!.at - turns[0]!.at).toBeGreaterThanOrEqual(1000)
   }, 120_000)
+})
+
+describe("google web search with functions", () => {
+  it("gemini 2.5 runs without search and says so in the run log; gemini 3 searches with the documented opt-in", async () => {
+    const three = expectStatus(
+      await call(stack, "POST", "/v1/providers", acct.admin, {
+        name: "fake-gemini-3",
+        model: { provider: "google", model: "gemini-3-pro-preview", compact_at_tokens: 8000 },
+        key: KEY,
+      }),
+      201,
+      "POST /v1/providers",
+    )
+    for (const [provider, searches] of [
+      [providers.google, false],
+      [`${three.id}@latest`, true],
+    ] as const) {
+      const fn = await agentFunction({ provider, tools: ["bash", "read", "write", "edit", "web_search"] })
+      const from = google.chats().length
+      google.replyToolCalls([
+        {
+          id: "w1",
+          name: "bash",
+          arguments: { command: "mkdir -p /workspace/out && echo found > /workspace/out/result.txt" },
+        },
+      ])
+      google.replyToolCalls([{ id: "w2", name: "submit_result", arguments: { summary: "searched" } }])
+      const started = await startRun(stack, acct, fn.function)
+      const run = await ended(started.id, "succeeded")
+      const chats = google.chats().slice(from)
+      expect(chats).toHaveLength(2)
+      for (const chat of chats) {
+        expect(chat.webSearch).toBe(searches)
+        expect(chat.body.toolConfig).toEqual(searches ? { includeServerSideToolInvocations: true } : undefined)
+      }
+      const log = expectStatus(await call(stack, "GET", `/v1/runs/${run.id}/log`, acct.admin), 200, "GET log")
+      const lines = (await Promise.all(log.parts.map((u: string) => request(u))))
+        .flatMap((p) => p.data.toString("utf8").split("\n"))
+        .filter((l) => l !== "")
+        .map((l) => JSON.parse(l))
+      const notices = lines.filter((l) => l.kind === "notice")
+      if (searches) expect(notices).toEqual([])
+      else {
+        expect(notices).toHaveLength(1)
+        expect(notices[0].text).toContain("web search is left out: gemini-2.5-pro")
+      }
+    }
+  }, 180_000)
 })
 
 describe("screenshots, web search and compaction", () => {

@@ -77,6 +77,7 @@ import {
   type ToolCall,
 } from "../../core/vendors/Chat.ts"
 import { vendorLabel } from "../../core/vendors/Errors.ts"
+import * as Google from "../../core/vendors/Google.ts"
 import { type CommandKind, CommandRecord, endedCommandStates } from "../../schema/Command.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { CustomTool } from "../../schema/Definition.ts"
@@ -213,7 +214,11 @@ export const run = (deps: LoopDeps, agent: AgentRun): Effect.Effect<LoopEnd, unk
 
     // A line for the run's log, kept by the host agent running the machine (it numbers the parts).
     // Message id per turn, so a resumed loop logs a turn once.
-    const logLine = (kind: "assistant" | "compaction", key: string, fields: Record<string, unknown>) =>
+    const logLine = (
+      kind: "assistant" | "compaction" | "notice",
+      key: string,
+      fields: Record<string, unknown>,
+    ) =>
       theRun.host === undefined
         ? Effect.void
         : mailbox
@@ -510,6 +515,16 @@ export const run = (deps: LoopDeps, agent: AgentRun): Effect.Effect<LoopEnd, unk
     const resume = () => {
       since = performance.now()
     }
+    // Gemini before 3 cannot search the web in a turn that offers functions: search is left out
+    // (rather than every turn refused) and the run log says so, once.
+    if (
+      fn.tools.includes("web_search") &&
+      model.provider === "google" &&
+      !Google.searchesWithFunctions(model.model)
+    )
+      yield* logLine("notice", "web_search", {
+        text: `web search is left out: ${model.model} cannot search the web in a turn that also offers tools (Gemini 3 and later can)`,
+      })
     while (!head.done) {
       // Tool calls of the last reply without a result yet (after a restart, some may be done).
       const lastAssistant = items.findLastIndex((i) => i.role === "assistant")

@@ -42,7 +42,7 @@ export const CancelCommand = Schema.TaggedStruct("CancelCommand", {
  */
 export const Log = Schema.TaggedStruct("Log", {
   run: RunId,
-  kind: Schema.Literal("assistant", "compaction"),
+  kind: Schema.Literal("assistant", "compaction", "notice"),
   fields: Schema.Record({ key: Schema.String, value: Schema.Unknown }),
 })
 export type Log = typeof Log.Type

@@ -11,7 +11,9 @@
  *
  * A model turn is `POST /v1beta/models/{model}:generateContent`, not streamed: `systemInstruction`,
  * `contents` (role `user`/`model`; `text`, `inlineData` PNG, `functionCall`, `functionResponse`
- * parts; same-role neighbours merged), `tools: [{functionDeclarations}, {googleSearch: {}}]` (the
+ * parts; same-role neighbours merged; a function response's images inside its `parts` on Gemini 3,
+ * beside it before), `tools: [{functionDeclarations}, {googleSearch: {}}]` (search beside functions
+ * only on Gemini 3, with `toolConfig.includeServerSideToolInvocations`; see `isGemini3`) (the
  * declarations take the tool's JSON Schema as `parametersJsonSchema`, which accepts full JSON Schema
  * where `parameters` takes only an OpenAPI subset), `generationConfig.maxOutputTokens` when >0 and
  * `generationConfig.thinkingConfig` for an effort: `thinkingLevel` for Gemini 3 (`low`/`high`), a
@@ -225,6 +227,21 @@ export const googleThinkingBudget: Readonly<Record<string, number>> = {
 /** Families that take `thinkingLevel` instead of `thinkingBudget`. */
 const levelFamilies = { "gemini-3": true } as const
 
+/**
+ * Gemini 3 and later: Google Search together with function declarations (opted into with
+ * `toolConfig.includeServerSideToolInvocations`; Gemini 2.5 refuses the pair, "Tool use with
+ * function calling is unsupported"), and images inside `functionResponse.parts` (multimodal
+ * function responses) rather than beside the response.
+ */
+export const isGemini3 = (model: string): boolean =>
+  familyOf(levelFamilies, model, ["-", "."]) !== undefined || /^gemini-([4-9]|\d{2,})/.test(model)
+
+/**
+ * Whether `model` can search the web in a turn that also offers functions (an agent's turns
+ * always do); when it cannot, the loop leaves search out and says so in the run log.
+ */
+export const searchesWithFunctions = isGemini3
+
 /** The prefix of the ids the client makes up for Gemini's function calls. */
 export const callIdPrefix = "gcall_"
 
@@ -275,8 +292,9 @@ const partsOf = (parts: ReadonlyArray<Part>): Array<Record<string, unknown>> =>
 
 type Content = { role: "user" | "model"; parts: Array<Record<string, unknown>> }
 
-/** The `contents` list for `items`. */
-export const contentsOf = (items: ChatRequest["items"]): Array<Content> => {
+/** The `contents` list for `items` (for `model`: where a function response's images go). */
+export const contentsOf = (items: ChatRequest["items"], model = ""): Array<Content> => {
+  const imagesInside = isGemini3(model)
   const out: Array<Content> = []
   // Ids Gemini itself gave to calls (echoed in the responses); the made-up ones are not sent.
   const vendorIds = new Set<string>()
@@ -325,19 +343,22 @@ export const contentsOf = (items: ChatRequest["items"]): Array<Content> => {
         const text = textOf(item.content)
         const images = item.content.filter((p) => p.type === "image")
         // Function responses lead the turn, before any image or text of the same user turn.
+        const inside = imagesInside && images.length > 0
         const response = {
           functionResponse: {
             ...(vendorIds.has(item.call_id) ? { id: item.call_id } : {}),
             name: item.name,
             response: item.is_error ? { error: text } : { output: text },
+            ...(inside ? { parts: partsOf(images) } : {}),
           },
         }
+        const beside = inside ? [] : partsOf(images)
         const last = out.at(-1)
         if (last?.role === "user") {
           const at = last.parts.findIndex((p) => p.functionResponse === undefined)
           last.parts.splice(at === -1 ? last.parts.length : at, 0, response)
-          last.parts.push(...partsOf(images))
-        } else push("user", [response, ...partsOf(images)])
+          last.parts.push(...beside)
+        } else push("user", [response, ...beside])
         break
       }
     }
@@ -357,7 +378,10 @@ export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<stri
       })),
     })
   }
-  if (req.web_search && !options.noTools) tools.push({ googleSearch: {} })
+  // Search beside functions only where the model takes the pair (see `isGemini3`).
+  const search =
+    req.web_search && !options.noTools && (req.tools.length === 0 || searchesWithFunctions(req.model))
+  if (search) tools.push({ googleSearch: {} })
   const effort = req.reasoning_effort
   const thinkingConfig =
     effort === ""
@@ -371,11 +395,13 @@ export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<stri
   }
   return {
     systemInstruction: { parts: [{ text: req.system }] },
-    contents: contentsOf(req.items),
+    contents: contentsOf(req.items, req.model),
     ...(tools.length > 0 ? { tools } : {}),
     ...(options.noTools && req.tools.length > 0
       ? { toolConfig: { functionCallingConfig: { mode: "NONE" } } }
-      : {}),
+      : search && req.tools.length > 0
+        ? { toolConfig: { includeServerSideToolInvocations: true } }
+        : {}),
     ...(Object.keys(generationConfig).length > 0 ? { generationConfig } : {}),
   }
 }

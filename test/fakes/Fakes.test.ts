@@ -120,6 +120,38 @@ describe("vendor fakes", () => {
     }),
   )
 
+  it.scoped("Google refuses search beside functions unless a Gemini 3 model opts in, as Gemini does", () =>
+    Effect.gen(function* () {
+      const fake = yield* GoogleFake.make({ keys: ["k"] })
+      const post = (model: string, toolConfig?: unknown) => {
+        fake.replyText("ok")
+        return call(`${fake.url}/v1beta/models/${model}:generateContent`, {
+          method: "POST",
+          headers: { "x-goog-api-key": "k", "content-type": "application/json" },
+          body: JSON.stringify({
+            contents: [{ role: "user", parts: [{ text: "hi" }] }],
+            tools: [{ functionDeclarations: [{ name: "f", description: "d" }] }, { googleSearch: {} }],
+            ...(toolConfig === undefined ? {} : { toolConfig }),
+          }),
+        })
+      }
+      const old = yield* post("gemini-2.5-pro")
+      expect(old.status).toBe(400)
+      expect(JSON.parse(old.text)).toMatchObject({
+        error: {
+          code: 400,
+          status: "INVALID_ARGUMENT",
+          message: "Tool use with function calling is unsupported",
+        },
+      })
+      expect((yield* post("gemini-2.5-pro", { includeServerSideToolInvocations: true })).status).toBe(400)
+      expect((yield* post("gemini-3-pro-preview")).status).toBe(400)
+      expect((yield* post("gemini-3-pro-preview", { includeServerSideToolInvocations: true })).status).toBe(
+        200,
+      )
+    }),
+  )
+
   it.scoped("Google takes the key as header or ?key=, refuses a wrong one with API_KEY_INVALID", () =>
     Effect.gen(function* () {
       const fake = yield* GoogleFake.make({ keys: ["k"], models: [{ id: "gemini-2.5-pro" }] })

@@ -153,13 +153,23 @@ export const seen = (request: RecordedRequest): SeenChat => {
     images.push(...shots)
     const responses = parts.filter((p) => p.functionResponse !== undefined)
     responses.forEach((p, i) => {
-      const r = p.functionResponse as { name?: unknown; response?: { output?: unknown; error?: unknown } }
+      const r = p.functionResponse as {
+        name?: unknown
+        response?: { output?: unknown; error?: unknown }
+        parts?: unknown
+      }
       const isError = r.response?.error !== undefined
+      // Gemini 3's multimodal function responses carry their images in `parts`.
+      const inside = objects(r.parts).flatMap((q) => {
+        const data = (q.inlineData as { data?: unknown } | undefined)?.data
+        return typeof data === "string" ? [data] : []
+      })
+      images.push(...inside)
       toolResults.push({
         id: String(r.name),
         text: String(isError ? r.response?.error : (r.response?.output ?? "")),
-        // A turn's images go with its last function response.
-        images: i === responses.length - 1 ? shots : [],
+        // A turn's loose images go with its last function response.
+        images: [...inside, ...(i === responses.length - 1 ? shots : [])],
         isError,
       })
     })
@@ -185,6 +195,18 @@ export const seen = (request: RecordedRequest): SeenChat => {
 const validateGenerate = (request: RecordedRequest): Reply | undefined => {
   const body = jsonBody(request)
   const contents = objects(body.contents)
+  // Built-in tools beside function declarations: refused by Gemini 2.5; Gemini 3 takes them with
+  // the documented opt-in (the tool-combination guide).
+  const tools = objects(body.tools)
+  const model = request.path.replace(/^\/v1beta\/models\//, "").replace(/:generateContent$/, "")
+  const optedIn = (body.toolConfig as { includeServerSideToolInvocations?: unknown } | undefined)
+    ?.includeServerSideToolInvocations
+  if (
+    tools.some((t) => t.functionDeclarations !== undefined) &&
+    tools.some((t) => t.googleSearch !== undefined) &&
+    (!/^gemini-3/.test(model) || optedIn !== true)
+  )
+    return error(400, "INVALID_ARGUMENT", "Tool use with function calling is unsupported")
   if (contents.length === 0)
     return error(400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified")
   for (const [i, content] of contents.entries()) {
