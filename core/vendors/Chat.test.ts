@@ -158,6 +158,12 @@ for (const vendor of vendors) {
         const request = fake.requests.at(-1)
         expectNoCanary(request?.url)
         expectNoCanary(request?.body)
+        // No tracing headers leave for a vendor, even from inside a span.
+        fake.replyText("again")
+        yield* chat.reply(requestFor(vendor)).pipe(Effect.withSpan("a turn"))
+        const traced = Object.keys(fake.requests.at(-1)?.headers ?? {})
+        for (const name of ["traceparent", "tracestate", "b3", "x-b3-traceid"])
+          expect(traced).not.toContain(name)
       }),
     )
 

@@ -61,7 +61,9 @@ export const summaryPrompt = [
 
 /** Builds the service over an HTTP client and the settings. */
 export const make = Effect.gen(function* () {
-  const http = yield* HttpClient.HttpClient
+  // No `traceparent`/`b3` headers: our trace ids are nothing a vendor should see (platform adds
+  // them to every request by default).
+  const http = (yield* HttpClient.HttpClient).pipe(HttpClient.withTracerPropagation(false))
   const settings = yield* VendorSettings.Tag
   const chat = yield* ChatSettings.Tag
 

@@ -205,9 +205,13 @@ describe("layer", () => {
       const fake = yield* GoogleFake.make({ keys: [KEY], models: [{ id: "gemini-2.0-flash" }] })
       const models = yield* Vendors.pipe(
         Effect.flatMap((v) => v.listModels("google", key)),
+        Effect.withSpan("listing"),
         Effect.provide(layer.pipe(Layer.provide(VendorSettings.layer({ googleBaseUrl: fake.url })))),
       )
       expect(models.map((m) => m.id)).toEqual(["gemini-2.0-flash"])
+      // No tracing headers leave for a vendor, even from inside a span.
+      for (const name of ["traceparent", "b3"])
+        expect(Object.keys(fake.requests.at(-1)?.headers ?? {})).not.toContain(name)
     }),
   )
 

@@ -80,7 +80,9 @@ export class Vendors extends Context.Tag("hangar/Vendors")<Vendors, VendorsServi
 
 /** Builds the service over an HTTP client and the settings. */
 export const make = Effect.gen(function* () {
-  const http = yield* HttpClient.HttpClient
+  // No `traceparent`/`b3` headers: our trace ids are nothing a vendor should see (platform adds
+  // them to every request by default).
+  const http = (yield* HttpClient.HttpClient).pipe(HttpClient.withTracerPropagation(false))
   const settings = yield* VendorSettings.Tag
 
   const baseUrl: Record<Vendor, string> = {
