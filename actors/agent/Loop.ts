@@ -348,6 +348,7 @@ export const run = (deps: LoopDeps, agent: AgentRun): Effect.Effect<LoopEnd, unk
       items,
       tools,
       web_search: fn.tools.includes("web_search"),
+      cache_key: runId,
     })
 
     // Vendor calls: retried while unavailable (backing off, and never sooner than the vendor asked:

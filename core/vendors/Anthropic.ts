@@ -17,6 +17,10 @@
  * budget of `Catalog.anthropicThinkingBudget` (low 4096, medium 16384, high 32768; an effort not
  * in the table counts as medium), capped below `max_tokens`; when `max_tokens` leaves no room for
  * the API's minimum budget (1024) the turn runs without thinking.
+ * Prompt caching (Anthropic's prompt-caching guide): `system` is one text block with a
+ * `cache_control: {type: "ephemeral"}` breakpoint (tools and system prompt, the same every turn),
+ * and the last block of the conversation that may take one carries the second, so each turn reads
+ * the whole previous turn from cache; usage counts the reads and writes.
  *
  * The answer's content blocks are kept whole in the assistant item's `vendor.data.content` and
  * sent back verbatim: thinking blocks must come back with their signatures, and
@@ -244,6 +248,31 @@ export const messagesOf = (items: ChatRequest["items"]): Array<Message> => {
   return out
 }
 
+const ephemeral = { type: "ephemeral" } as const
+
+/** Block types a cache breakpoint may not sit on. */
+const uncacheable = new Set(["thinking", "redacted_thinking"])
+
+/**
+ * `messages` with a cache breakpoint on the last block that can take one (not a thinking block,
+ * not an empty text), copied rather than changed in place.
+ */
+export const withTailBreakpoint = (messages: Array<Message>): Array<Message> => {
+  for (let m = messages.length - 1; m >= 0; m--) {
+    const content = messages[m]?.content ?? []
+    for (let b = content.length - 1; b >= 0; b--) {
+      const block = content[b] as Record<string, unknown>
+      if (uncacheable.has(String(block.type)) || (block.type === "text" && block.text === "")) continue
+      const copy = [...messages]
+      const blocks = [...content]
+      blocks[b] = { ...block, cache_control: ephemeral }
+      copy[m] = { ...(messages[m] as Message), content: blocks }
+      return copy
+    }
+  }
+  return messages
+}
+
 /** The request body of one call. */
 export const bodyOf = (
   req: ChatRequest,
@@ -265,8 +294,10 @@ export const bodyOf = (
   return {
     model: req.model,
     max_tokens: maxTokens,
-    system: req.system,
-    messages,
+    // Prompt caching: a breakpoint after the system prompt (tools and system, the same every turn)
+    // and one on the conversation's last block, so the next turn reads all of this turn from cache.
+    ...(req.system === "" ? {} : { system: [{ type: "text", text: req.system, cache_control: ephemeral }] }),
+    messages: withTailBreakpoint(messages),
     ...(tools.length > 0 ? { tools } : {}),
     ...(options.noTools && tools.length > 0 ? { tool_choice: { type: "none" } } : {}),
     ...(thinking ? { thinking: { type: "enabled", budget_tokens: budget } } : {}),

@@ -243,8 +243,12 @@ for (const vendor of vendors) {
                 { type: "text", text: "the screen" },
                 { type: "image", source: { type: "base64", media_type: "image/png", data: PNG } },
               ],
+              // The conversation's last block carries the cache breakpoint.
+              cache_control: { type: "ephemeral" },
             },
           ])
+          // Only the tail: the first user message has no breakpoint left behind.
+          expect(JSON.stringify(messages[0])).not.toContain("cache_control")
         } else {
           const contents = body.contents as Array<{ role: string; parts: unknown }>
           expect(contents.map((c) => c.role)).toEqual(["user", "model", "user"])
@@ -508,10 +512,16 @@ describe("OpenAI specifics", () => {
       fake.replyText("a")
       fake.replyText("b")
       yield* chat.reply(
-        requestFor("openai", { reasoning_effort: "high", max_output_tokens: 1000, web_search: true }),
+        requestFor("openai", {
+          reasoning_effort: "high",
+          max_output_tokens: 1000,
+          web_search: true,
+          cache_key: "run_cache_key",
+        }),
       )
       const request = fake.requests.at(-1)
       expect(request?.path).toBe("/v1/responses")
+      expect(fake.lastChat().body.prompt_cache_key).toBe("run_cache_key")
       expect(request?.headers.authorization).toBe(`Bearer ${KEY}`)
       expect(fake.lastChat().body).toMatchObject({
         model: "gpt-5",
@@ -539,6 +549,20 @@ describe("OpenAI specifics", () => {
       expect(plain.reasoning).toBeUndefined()
       expect(plain.max_output_tokens).toBeUndefined()
       expect(plain.tools).toBeUndefined()
+      expect(plain.prompt_cache_key).toBeUndefined()
+      // A parameter the Responses API does not know is refused, as OpenAI refuses it.
+      const unknown = yield* Effect.promise(() =>
+        fetch(`${fake.url}/v1/responses`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "gpt-5", input: [], cache_key: "x" }),
+        }).then(async (r) => ({
+          status: r.status,
+          body: (await r.json()) as { error: { code: string; param: string } },
+        })),
+      )
+      expect(unknown.status).toBe(400)
+      expect(unknown.body.error).toMatchObject({ code: "unknown_parameter", param: "cache_key" })
       expect(plain.store).toBe(false)
     }),
   )
@@ -748,6 +772,63 @@ describe("OpenAI specifics", () => {
 })
 
 describe("Anthropic specifics", () => {
+  it("the tail breakpoint skips thinking blocks and empty texts; the messages given are left unchanged", () => {
+    const messages = [
+      { role: "user" as const, content: [{ type: "text", text: "go" }] },
+      { role: "assistant" as const, content: [{ type: "thinking", thinking: "hm", signature: "s" }] },
+    ]
+    const marked = Anthropic.withTailBreakpoint(messages)
+    expect(marked[0]?.content).toEqual([{ type: "text", text: "go", cache_control: { type: "ephemeral" } }])
+    expect(marked[1]).toBe(messages[1])
+    expect(messages[0]?.content).toEqual([{ type: "text", text: "go" }])
+  })
+
+  it.scoped("the fake refuses breakpoints as Anthropic does: more than 4, or on a thinking block", () =>
+    Effect.gen(function* () {
+      const fake = yield* AnthropicFake.make({ keys: [KEY] })
+      const post = (body: unknown) =>
+        Effect.promise(() =>
+          fetch(`${fake.url}/v1/messages`, {
+            method: "POST",
+            headers: {
+              "x-api-key": KEY,
+              "anthropic-version": "2023-06-01",
+              "content-type": "application/json",
+            },
+            body: JSON.stringify(body),
+          }).then(async (r) => ({
+            status: r.status,
+            body: (await r.json()) as { error: { message: string } },
+          })),
+        )
+      const cached = { type: "text", text: "x", cache_control: { type: "ephemeral" } }
+      const five = yield* post({
+        model: "m",
+        max_tokens: 10,
+        system: [cached, cached],
+        messages: [{ role: "user", content: [cached, cached, cached] }],
+      })
+      expect(five.status).toBe(400)
+      expect(five.body.error.message).toBe(
+        "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+      )
+      const thinking = yield* post({
+        model: "m",
+        max_tokens: 10,
+        messages: [
+          { role: "user", content: [{ type: "text", text: "go" }] },
+          {
+            role: "assistant",
+            content: [
+              { type: "thinking", thinking: "t", signature: "s", cache_control: { type: "ephemeral" } },
+            ],
+          },
+        ],
+      })
+      expect(thinking.status).toBe(400)
+    }),
+  )
+
   it.scoped("headers, max_tokens from the model's maximum, thinking budgets, the web search tool", () =>
     Effect.gen(function* () {
       const { fake, chat } = yield* over(AnthropicFake.make({ keys: [KEY] }))
@@ -759,8 +840,11 @@ describe("Anthropic specifics", () => {
       expect(fake.lastChat().body).toMatchObject({
         model: "claude-sonnet-4-5-20250929",
         max_tokens: 64_000,
-        system: SYSTEM,
-        messages: [{ role: "user", content: [{ type: "text", text: PROMPT }] }],
+        // Prompt-cache breakpoints: after the system prompt, and on the conversation's last block.
+        system: [{ type: "text", text: SYSTEM, cache_control: { type: "ephemeral" } }],
+        messages: [
+          { role: "user", content: [{ type: "text", text: PROMPT, cache_control: { type: "ephemeral" } }] },
+        ],
         tools: [
           { name: "bash", description: "Run a command", input_schema: bash.parameters },
           { type: "web_search_20250305", name: "web_search", max_uses: 20 },

@@ -107,6 +107,11 @@ export interface ChatRequest {
   readonly tools: ReadonlyArray<ToolSpec>
   /** Offer the vendor's own web search tool (Anthropic: at most 20 searches per reply). */
   readonly web_search: boolean
+  /**
+   * What groups the calls of one conversation for the vendor's prompt cache (the run id): OpenAI's
+   * `prompt_cache_key` routes them to the same cache.
+   */
+  readonly cache_key?: string
 }
 
 /** What the model answered. */

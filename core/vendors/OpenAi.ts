@@ -21,6 +21,8 @@
  * `function_call` with its `fc_` id). Non-reasoning models refuse that `include`, so they do not
  * get it.
  *
+ * `prompt_cache_key` is the run id, so a run's turns meet the same prompt cache (OpenAI caches a
+ * stable prefix on its own; the conversation only grows at its end).
  * Tools are `{type: "function", name, description, parameters, strict: false}` plus
  * `{type: "web_search"}`; `reasoning: {effort}` when an effort is set; `max_output_tokens` when >0.
  * Answer: `status` (`completed`, or `incomplete` with `incomplete_details.reason`
@@ -233,6 +235,7 @@ export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<stri
     ...(req.max_output_tokens > 0 ? { max_output_tokens: req.max_output_tokens } : {}),
     store: false,
     ...(isReasoningModel(req.model) ? { include: ["reasoning.encrypted_content"] } : {}),
+    ...(req.cache_key === undefined ? {} : { prompt_cache_key: req.cache_key }),
   }
 }
 

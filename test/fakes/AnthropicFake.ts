@@ -214,6 +214,24 @@ const validateMessages = (request: RecordedRequest): Reply | undefined => {
     if (budget >= (body.max_tokens as number))
       return invalid("`max_tokens` must be greater than `thinking.budget_tokens`.")
   }
+  // Prompt-cache breakpoints, as the API checks them: at most 4, of type ephemeral (ttl 5m or 1h),
+  // never on an empty text or a thinking block.
+  const cacheable = [
+    ...objects(body.tools),
+    ...objects(body.system),
+    ...messages.flatMap((m) => objects(m.content)),
+  ].filter((b) => b.cache_control !== undefined)
+  if (cacheable.length > 4)
+    return invalid(`A maximum of 4 blocks with cache_control may be provided. Found ${cacheable.length}.`)
+  for (const b of cacheable) {
+    const control = b.cache_control as { type?: unknown; ttl?: unknown }
+    if (control?.type !== "ephemeral") return invalid("cache_control.type: Input should be 'ephemeral'")
+    if (control.ttl !== undefined && control.ttl !== "5m" && control.ttl !== "1h")
+      return invalid("cache_control.ttl: Input should be '5m' or '1h'")
+    if (b.type === "text" && b.text === "") return invalid("cache_control cannot be set for empty text blocks")
+    if (b.type === "thinking" || b.type === "redacted_thinking")
+      return invalid("Thinking blocks cannot be cached directly with cache_control")
+  }
   for (const [i, message] of messages.entries()) {
     const blocks = objects(message.content)
     if (typeof message.content !== "string" && blocks.length === 0 && i < messages.length - 1) {

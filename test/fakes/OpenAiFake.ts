@@ -203,12 +203,58 @@ export const seen = (request: RecordedRequest): SeenChat => {
   }
 }
 
+/** The request body parameters of `POST /v1/responses` (the API reference). */
+const responsesParameters = new Set([
+  "background",
+  "conversation",
+  "include",
+  "input",
+  "instructions",
+  "max_output_tokens",
+  "max_tool_calls",
+  "metadata",
+  "model",
+  "parallel_tool_calls",
+  "previous_response_id",
+  "prompt",
+  "prompt_cache_key",
+  "prompt_cache_retention",
+  "reasoning",
+  "safety_identifier",
+  "service_tier",
+  "store",
+  "stream",
+  "stream_options",
+  "temperature",
+  "text",
+  "tool_choice",
+  "tools",
+  "top_logprobs",
+  "top_p",
+  "truncation",
+  "user",
+])
+
 const validateResponses = (request: RecordedRequest): Reply | undefined => {
   const body = jsonBody(request)
   if (typeof body.model !== "string")
     return error(400, "Missing required parameter: 'model'.", "invalid_request_error")
   if (!Array.isArray(body.input))
     return error(400, "Missing required parameter: 'input'.", "invalid_request_error")
+  // Parameters the Responses API does not know are refused.
+  for (const name of Object.keys(body))
+    if (!responsesParameters.has(name))
+      return {
+        status: 400,
+        json: {
+          error: {
+            message: `Unknown parameter: '${name}'.`,
+            type: "invalid_request_error",
+            param: name,
+            code: "unknown_parameter",
+          },
+        },
+      }
   // The Responses API's floor for `max_output_tokens`.
   if (typeof body.max_output_tokens === "number" && body.max_output_tokens < 16)
     return {
