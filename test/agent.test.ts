@@ -459,6 +459,36 @@ describe("the agent with OpenAI", () => {
     expect(run.detail).toContain("Invalid value for 'reasoning.effort'")
   }, 120_000)
 
+  it("a turn whose stream is cut mid-way is asked again and counted once", async () => {
+    const fn = await agentFunction()
+    const from = openai.chats().length
+    const write = {
+      id: "cut_1",
+      name: "bash",
+      arguments: { command: "mkdir -p /workspace/out && echo streamed > /workspace/out/result.txt" },
+    }
+    openai.replyToolCalls([write], usage({ input_tokens: 100, output_tokens: 10 }), { cutAfter: 3 })
+    openai.replyToolCalls([write], usage({ input_tokens: 100, output_tokens: 10 }))
+    openai.replyToolCalls(
+      [{ id: "cut_2", name: "submit_result", arguments: { summary: "after the cut" } }],
+      usage({ input_tokens: 120, output_tokens: 5 }),
+    )
+    const started = await startRun(stack, acct, fn.function)
+    const run = await ended(started.id, "succeeded")
+    expect(run.message).toBe("after the cut")
+    expect(
+      openai
+        .chats()
+        .slice(from)
+        .every((c) => c.body.stream === true),
+    ).toBe(true)
+    expect(openai.chats().length - from).toBe(3)
+    // The cut answer is not counted: two calls, their tokens once.
+    expect(run.usage.model).toMatchObject({ calls: 2, input_tokens: 220, output_tokens: 15 })
+    const commands = await commandsOf(started.id)
+    expect(commands.filter((c) => c.kind === "bash")).toHaveLength(1)
+  }, 120_000)
+
   it("retries a vendor that answers 503 and goes on", async () => {
     const fn = await agentFunction()
     const from = openai.requests.length
@@ -555,7 +585,7 @@ describe("quotas and rate limits", () => {
     expect(run.message).toBe("after the wait")
     // The limited call, then the next one no sooner than the RetryInfo asked (the loop's own backoff
     // here is 50–200 ms).
-    const turns = google.requests.slice(from).filter((r) => r.path.endsWith(":generateContent"))
+    const turns = google.requests.slice(from).filter((r) => r.path.endsWith(":streamGenerateContent"))
     expect(turns).toHaveLength(3)
     expect(turns[1]!.at - turns[0]!.at).toBeGreaterThanOrEqual(1000)
   }, 120_000)
@@ -592,7 +622,9 @@ describe("google web search with functions", () => {
       expect(chats).toHaveLength(2)
       for (const chat of chats) {
         expect(chat.webSearch).toBe(searches)
-        expect(chat.body.toolConfig).toEqual(searches ? { includeServerSideToolInvocations: true } : undefined)
+        expect(chat.body.toolConfig).toEqual(
+          searches ? { includeServerSideToolInvocations: true } : undefined,
+        )
       }
       const log = expectStatus(await call(stack, "GET", `/v1/runs/${run.id}/log`, acct.admin), 200, "GET log")
       const lines = (await Promise.all(log.parts.map((u: string) => request(u))))

@@ -7,7 +7,9 @@
  * has_more, first_id, last_id}`, newest first; pass `last_id` as `after_id` for the next page.
  * Limits and efforts come from `Catalog.anthropicFacts`.
  *
- * A model turn is `POST /v1/messages`, not streamed: `system`, `messages` (user content as `text`
+ * A model turn is `POST /v1/messages`, streamed (`stream: true`, as Anthropic advises for long
+ * answers: events keep coming, so no idle timeout cuts a long answer; `assembler` rebuilds the
+ * message): `system`, `messages` (user content as `text`
  * and `image` blocks with a base64 source; the assistant's blocks; tool results as `tool_result`
  * blocks, which may hold images, gathered at the head of the user message after the `tool_use`),
  * `max_tokens` (required: the request's limit, else the model's maximum from
@@ -57,6 +59,7 @@ import {
 } from "./Chat.ts"
 import { type VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
 import {
+  type Assembler,
   addUsage,
   compactionText,
   count,
@@ -294,6 +297,8 @@ export const bodyOf = (
   return {
     model: req.model,
     max_tokens: maxTokens,
+    // Streamed (Anthropic advises it for long answers; see `assembler`).
+    stream: true,
     // Prompt caching: a breakpoint after the system prompt (tools and system, the same every turn)
     // and one on the conversation's last block, so the next turn reads all of this turn from cache.
     ...(req.system === "" ? {} : { system: [{ type: "text", text: req.system, cache_control: ephemeral }] }),
@@ -320,6 +325,79 @@ const noUsage: CallUsage = {
   web_searches: 0,
 }
 
+/**
+ * A streamed call, assembled into the message a non-streamed call answers: `message_start` gives
+ * the message, `content_block_start` each block, deltas grow them (`text_delta`, `input_json_delta`
+ * parsed at `content_block_stop`, `thinking_delta`, `signature_delta`, `citations_delta`),
+ * `message_delta` the stop reason and usage, `message_stop` ends it; an `error` event (an overload
+ * mid-stream) fails the call.
+ */
+export const assembler = (): Assembler => {
+  let message: Record<string, unknown> | undefined
+  const blocks: Array<Record<string, unknown>> = []
+  const json = new Map<number, string>()
+  let stopped = false
+  const asRecord = (u: unknown): Record<string, unknown> =>
+    typeof u === "object" && u !== null ? (u as Record<string, unknown>) : {}
+  return {
+    push: ({ data }) => {
+      const e = asRecord(data)
+      const index = typeof e.index === "number" ? e.index : -1
+      const block = blocks[index]
+      switch (e.type) {
+        case "message_start":
+          message = { ...asRecord(e.message), content: blocks }
+          break
+        case "content_block_start":
+          if (index >= 0) blocks[index] = { ...asRecord(e.content_block) }
+          break
+        case "content_block_delta": {
+          const d = asRecord(e.delta)
+          if (block === undefined) break
+          if (d.type === "text_delta") block.text = `${String(block.text ?? "")}${String(d.text ?? "")}`
+          else if (d.type === "input_json_delta")
+            json.set(index, `${json.get(index) ?? ""}${String(d.partial_json ?? "")}`)
+          else if (d.type === "thinking_delta")
+            block.thinking = `${String(block.thinking ?? "")}${String(d.thinking ?? "")}`
+          else if (d.type === "signature_delta") block.signature = d.signature
+          else if (d.type === "citations_delta")
+            block.citations = [...(Array.isArray(block.citations) ? block.citations : []), d.citation]
+          break
+        }
+        case "content_block_stop": {
+          const text = json.get(index)
+          if (block !== undefined && text !== undefined) {
+            try {
+              block.input = text === "" ? {} : JSON.parse(text)
+            } catch {
+              block.input = {}
+            }
+            json.delete(index)
+          }
+          break
+        }
+        case "message_delta":
+          if (message !== undefined) {
+            const d = asRecord(e.delta)
+            message.stop_reason = d.stop_reason
+            message.stop_sequence = d.stop_sequence ?? null
+            message.usage = { ...asRecord(message.usage), ...asRecord(e.usage) }
+          }
+          break
+        case "message_stop":
+          stopped = true
+          break
+        case "error": {
+          const error = asRecord(e.error)
+          return typeof error.message === "string" ? error.message : "the answer's stream reported an error"
+        }
+      }
+      return undefined
+    },
+    result: () => (stopped ? message : undefined),
+  }
+}
+
 /** One model turn, following `pause_turn`. */
 export const turn = (
   http: HttpClient.HttpClient,
@@ -344,6 +422,7 @@ export const turn = (
         endpoint,
         request(endpoint, "POST", "/v1/messages").pipe(HttpClientRequest.bodyUnsafeJson(body)),
         Message,
+        assembler,
       )
       blocks.push(...answer.content)
       const used = usageOf(answer.usage)

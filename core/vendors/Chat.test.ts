@@ -473,6 +473,54 @@ for (const vendor of vendors) {
   })
 }
 
+describe("streamed turns", () => {
+  for (const vendor of vendors) {
+    it.scoped(
+      `${vendor}: the turn is streamed; a stream cut mid-way is unavailable, and the next answer counts once`,
+      () =>
+        Effect.gen(function* () {
+          const { fake, chat } = yield* setUp(vendor)
+          const text = "a long answer that comes in pieces"
+          const scripted = fake as unknown as {
+            replyText: (t: string, u?: FakeUsage, o?: { cutAfter?: number }) => void
+          }
+          scripted.replyText(text, { input_tokens: 50, output_tokens: 9 }, { cutAfter: 2 })
+          const cut = failureOf(yield* Effect.exit(chat.reply(requestFor(vendor))))
+          expect(cut).toMatchObject({ _tag: "VendorUnavailable" })
+          // OpenAI and Anthropic ask with `stream: true`, Google on its streaming route.
+          if (vendor === "google") expect(fake.requests.at(-1)?.path).toMatch(/:streamGenerateContent$/)
+          else expect(fake.lastChat().body.stream).toBe(true)
+          scripted.replyText(text, { input_tokens: 50, output_tokens: 9 })
+          const whole = yield* chat.reply(requestFor(vendor))
+          expect(whole.item.text).toBe(text)
+          expect(whole.usage).toMatchObject({ input_tokens: 50, output_tokens: 9 })
+        }),
+    )
+  }
+
+  it.scoped("anthropic: tool input, thinking and its signature are rebuilt from their deltas", () =>
+    Effect.gen(function* () {
+      const { fake, chat } = yield* over(AnthropicFake.make({ keys: [KEY] }))
+      fake.replyToolCalls(
+        [{ id: "toolu_s", name: "bash", arguments: { command: "echo 'a b' | wc -c", env: { X: "1" } } }],
+        {},
+        { thinking: "Let me count the bytes.", signature: "sig-streamed", text: "Counting." },
+      )
+      const reply = yield* chat.reply(requestFor("anthropic", { reasoning_effort: "low" }))
+      expect(reply.item.text).toBe("Counting.")
+      expect(reply.item.tool_calls).toEqual([
+        { id: "toolu_s", name: "bash", arguments: { command: "echo 'a b' | wc -c", env: { X: "1" } } },
+      ])
+      const blocks = (reply.item.vendor?.data as { content: Array<Record<string, unknown>> }).content
+      expect(blocks[0]).toEqual({
+        type: "thinking",
+        thinking: "Let me count the bytes.",
+        signature: "sig-streamed",
+      })
+    }),
+  )
+})
+
 describe("chat timeout", () => {
   it.scoped("no answer within the chat timeout (5 minutes by default) is unavailable", () =>
     Effect.gen(function* () {
@@ -1007,7 +1055,9 @@ describe("Google specifics", () => {
         requestFor("google", { reasoning_effort: "high", max_output_tokens: 5000, web_search: true }),
       )
       const request = fake.requests.at(-1)
-      expect(request?.path).toBe("/v1beta/models/gemini-2.5-pro:generateContent")
+      // Streamed: server-sent events, one `GenerateContentResponse` per chunk.
+      expect(request?.path).toBe("/v1beta/models/gemini-2.5-pro:streamGenerateContent")
+      expect(request?.query.alt).toBe("sse")
       expect(request?.headers["x-goog-api-key"]).toBe(KEY)
       expect(request?.query.key).toBeUndefined()
       const declarations = {

@@ -1,11 +1,15 @@
 /**
  * The chat side of the vendor layer: the `Chat` service (`Chat.ts`) over the three vendor clients
  * (`OpenAi.turn`, `Anthropic.turn`, `Google.turn`), reached at the base URLs of `VendorSettings`
- * with `fetch` (`FetchHttpClient`), no streaming.
+ * with `fetch` (`FetchHttpClient`). Every turn is streamed (server-sent events, each vendor's own
+ * format, assembled into the non-streamed answer: `Http.Assembler`), so a long answer keeps bytes
+ * coming and no idle timeout of ours or a proxy's cuts it.
  *
  * Timeout: a model turn takes far longer than a catalog read (a reasoning model may think for
- * minutes), so chat calls have their own limit, `HANGAR_VENDOR_CHAT_TIMEOUT_MS` (default 5 minutes),
- * after which the call is `VendorUnavailable` and the loop retries it.
+ * minutes), so chat calls have their own limit, `HANGAR_VENDOR_CHAT_TIMEOUT_MS` (default 5 minutes):
+ * for the answer to begin and then between two events of its stream. Past it, or when the stream
+ * ends before the answer is complete, the call is `VendorUnavailable` and the loop asks again; a
+ * cut answer's usage is not counted.
  *
  * Usage, the same meaning for every vendor: `input_tokens` are the prompt tokens billed at the full
  * rate, so `input_tokens + cache_read_tokens + cache_write_tokens` is the whole prompt. OpenAI and
@@ -39,7 +43,7 @@ import { VendorSettings } from "./Vendors.ts"
 
 /** The chat calls' settings. */
 export interface ChatSettingsShape {
-  /** How long one model turn may take before the vendor counts as unavailable. */
+  /** How long a model turn's answer may take to begin, and then between two of its events. */
   readonly timeoutMs: number
 }
 

@@ -9,7 +9,9 @@
  * inputTokenLimit, outputTokenLimit, supportedGenerationMethods, thinking?}], nextPageToken?}`;
  * we keep models that support `generateContent` and answer with text.
  *
- * A model turn is `POST /v1beta/models/{model}:generateContent`, not streamed: `systemInstruction`,
+ * A model turn is `POST /v1beta/models/{model}:streamGenerateContent?alt=sse`, streamed (a long
+ * answer keeps chunks coming; `assembler` joins them into the non-streamed answer's shape):
+ * `systemInstruction`,
  * `contents` (role `user`/`model`; `text`, `inlineData` PNG, `functionCall`, `functionResponse`
  * parts; same-role neighbours merged; a function response's images inside its `parts` on Gemini 3,
  * beside it before), `tools: [{functionDeclarations}, {googleSearch: {}}]` (search beside functions
@@ -59,6 +61,7 @@ import {
 } from "./Chat.ts"
 import { type VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
 import {
+  type Assembler,
   compactionText,
   count,
   type Dialect,
@@ -493,6 +496,67 @@ export const replyOf = (answer: typeof Generated.Type): Effect.Effect<ChatReply,
   })
 }
 
+/**
+ * A streamed turn (`:streamGenerateContent?alt=sse`), assembled into the answer a non-streamed
+ * call gives: each chunk's parts appended in order (a text part joins the text part before it when
+ * neither carries a thought signature and both are, or are not, thoughts: a signed part stays as
+ * it came), the last `finishReason`, grounding, usage and prompt feedback. A stream that ends
+ * before a `finishReason` (or a blocked prompt) is incomplete.
+ */
+export const assembler = (): Assembler => {
+  const parts: Array<Record<string, unknown>> = []
+  let finishReason: unknown
+  let grounding: unknown
+  let usage: unknown
+  let feedback: unknown
+  const asRecord = (u: unknown): Record<string, unknown> =>
+    typeof u === "object" && u !== null ? (u as Record<string, unknown>) : {}
+  return {
+    push: ({ data }) => {
+      const chunk = asRecord(data)
+      if (chunk.error !== undefined) return errorMessageOf(chunk) ?? "the answer's stream reported an error"
+      if (chunk.usageMetadata !== undefined) usage = chunk.usageMetadata
+      if (chunk.promptFeedback !== undefined) feedback = chunk.promptFeedback
+      const candidate = asRecord(Array.isArray(chunk.candidates) ? chunk.candidates[0] : undefined)
+      if (candidate.finishReason !== undefined) finishReason = candidate.finishReason
+      if (candidate.groundingMetadata !== undefined) grounding = candidate.groundingMetadata
+      const content = asRecord(candidate.content)
+      for (const part of Array.isArray(content.parts) ? (content.parts as Array<unknown>) : []) {
+        const p = asRecord(part)
+        const last = parts.at(-1)
+        if (
+          typeof p.text === "string" &&
+          typeof last?.text === "string" &&
+          p.thoughtSignature === undefined &&
+          last.thoughtSignature === undefined &&
+          (p.thought === true) === (last.thought === true)
+        )
+          last.text = `${last.text}${p.text}`
+        else parts.push({ ...p })
+      }
+      return undefined
+    },
+    result: () => {
+      const blocked = asRecord(feedback).blockReason !== undefined
+      if (finishReason === undefined && !blocked) return undefined
+      return {
+        candidates:
+          finishReason === undefined
+            ? []
+            : [
+                {
+                  content: { role: "model", parts },
+                  finishReason,
+                  ...(grounding === undefined ? {} : { groundingMetadata: grounding }),
+                },
+              ],
+        ...(usage === undefined ? {} : { usageMetadata: usage }),
+        ...(feedback === undefined ? {} : { promptFeedback: feedback }),
+      }
+    },
+  }
+}
+
 /** One model turn. */
 export const turn = (
   http: HttpClient.HttpClient,
@@ -504,8 +568,10 @@ export const turn = (
     http,
     dialect,
     endpoint,
-    request(endpoint, "POST", `/v1beta/models/${encodeURIComponent(req.model)}:generateContent`).pipe(
+    request(endpoint, "POST", `/v1beta/models/${encodeURIComponent(req.model)}:streamGenerateContent`).pipe(
+      HttpClientRequest.setUrlParam("alt", "sse"),
       HttpClientRequest.bodyUnsafeJson(bodyOf(req, options)),
     ),
     Generated,
+    assembler,
   ).pipe(Effect.flatMap(replyOf))

@@ -11,8 +11,14 @@
  * quota, a feature the organization disabled), which the dialect's `refuses` decides and which is
  * checked before the key test (Anthropic may answer a disabled feature with a 403).
  */
-import { Headers, type HttpClient, type HttpClientError, type HttpClientRequest } from "@effect/platform"
-import { Duration, Effect, ParseResult, Redacted, Schema } from "effect"
+import {
+  Headers,
+  type HttpClient,
+  type HttpClientError,
+  type HttpClientRequest,
+  type HttpClientResponse,
+} from "@effect/platform"
+import { Duration, Effect, Option, ParseResult, Redacted, Schema, Stream } from "effect"
 import type { Vendor } from "../../schema/Provider.ts"
 import { type CallUsage, ChatRefused, type Item, type Part, type ToolCall } from "./Chat.ts"
 import { scrubKey, VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
@@ -99,6 +105,44 @@ const describeTransport = (error: HttpClientError.HttpClientError): string => {
 /** What an exchange can fail with once the answer is sorted. */
 type Sorted<R> = VendorRejectedKey | VendorUnavailable | R
 
+/** One server-sent event: its `event:` name (if any) and its `data:` parsed as JSON. */
+export interface SseEvent {
+  readonly event: string | undefined
+  readonly data: unknown
+}
+
+/**
+ * Builds a streamed turn's answer from its events, in the shape the vendor's non-streamed answer
+ * has (so one schema and one `replyOf` serve both).
+ */
+export interface Assembler {
+  /** Takes one event; answers the vendor's words when the event reports a failure mid-stream. */
+  readonly push: (event: SseEvent) => string | undefined
+  /** The whole answer once the stream said it is complete, else `undefined`. */
+  readonly result: () => unknown
+}
+
+/** Splits a text stream of server-sent events into events (`data:` lines joined, comments skipped). */
+const sseEvents = <E, R>(text: Stream.Stream<string, E, R>): Stream.Stream<SseEvent, E, R> =>
+  text.pipe(
+    Stream.mapAccum("", (pending, chunk) => {
+      const blocks = (pending + chunk).split(/\r?\n\r?\n/)
+      const rest = blocks.pop() ?? ""
+      return [rest, blocks] as const
+    }),
+    Stream.flattenIterables,
+    Stream.filterMap((block) => {
+      let event: string | undefined
+      const data: Array<string> = []
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) event = line.slice(6).trim()
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""))
+      }
+      if (data.length === 0) return Option.none()
+      return Option.some({ event, data: parseJson(data.join("\n")) })
+    }),
+  )
+
 const exchange = <A, I, R>(
   http: HttpClient.HttpClient,
   dialect: Dialect,
@@ -106,6 +150,7 @@ const exchange = <A, I, R>(
   request: HttpClientRequest.HttpClientRequest,
   schema: Schema.Schema<A, I, never>,
   refused: (status: number, body: unknown, message: string) => R | undefined,
+  assembler?: () => Assembler,
 ): Effect.Effect<A, Sorted<R>> => {
   const { vendor } = dialect
   const unavailable = (status: number, message: string, retryAfterMs?: number) =>
@@ -116,17 +161,52 @@ const exchange = <A, I, R>(
       ...(retryAfterMs === undefined ? {} : { retryAfterMs }),
     })
   const decode = Schema.decodeUnknown(schema, { onExcessProperty: "ignore" })
-  return http.execute(request).pipe(
-    Effect.flatMap((response) =>
-      Effect.map(response.text, (text) => ({ status: response.status, text, headers: response.headers })),
-    ),
-    Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
-    Effect.timeoutFail({
+  const timeout = <X, E2>(what: string) =>
+    Effect.timeoutFail<E2 | VendorUnavailable>({
       duration: Duration.millis(endpoint.timeoutMs),
-      onTimeout: () => unavailable(0, `no answer within ${endpoint.timeoutMs} ms`),
-    }),
-    Effect.flatMap(({ status, text, headers }): Effect.Effect<A, Sorted<R>> => {
-      const body = parseJson(text)
+      onTimeout: () => unavailable(0, `${what} within ${endpoint.timeoutMs} ms`),
+    }) as <R2>(self: Effect.Effect<X, E2, R2>) => Effect.Effect<X, E2 | VendorUnavailable, R2>
+  // A streamed answer is read event by event, each within the timeout (a long answer that keeps
+  // coming is not cut); a whole one within the timeout.
+  const read = (response: HttpClientResponse.HttpClientResponse) => {
+    const streamed =
+      assembler !== undefined &&
+      response.status >= 200 &&
+      response.status < 300 &&
+      (response.headers["content-type"] ?? "").startsWith("text/event-stream")
+    if (!streamed)
+      return response.text.pipe(
+        Effect.map((text) => parseJson(text)),
+        Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
+        timeout<unknown, VendorUnavailable>("no answer"),
+      )
+    const assembling = assembler()
+    return sseEvents(Stream.decodeText(response.stream)).pipe(
+      Stream.mapError((error) => unavailable(0, describeTransport(error))),
+      Stream.timeoutFail(
+        () => unavailable(0, `no event of the answer within ${endpoint.timeoutMs} ms`),
+        Duration.millis(endpoint.timeoutMs),
+      ),
+      Stream.runForEach((event) => {
+        const failed = assembling.push(event)
+        return failed === undefined ? Effect.void : Effect.fail(unavailable(200, failed))
+      }),
+      Effect.flatMap(() => {
+        const whole = assembling.result()
+        return whole === undefined
+          ? Effect.fail(unavailable(200, "the answer's stream ended before it was complete"))
+          : Effect.succeed(whole)
+      }),
+    )
+  }
+  return http.execute(request).pipe(
+    Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
+    timeout<HttpClientResponse.HttpClientResponse, VendorUnavailable>("no answer"),
+    Effect.flatMap((response) =>
+      Effect.map(read(response), (body) => ({ status: response.status, body, headers: response.headers })),
+    ),
+    Effect.scoped,
+    Effect.flatMap(({ status, body, headers }): Effect.Effect<A, Sorted<R>> => {
       if (status >= 200 && status < 300) {
         return decode(body).pipe(
           Effect.mapError((error) =>
@@ -177,11 +257,19 @@ export const sendChat = <A, I>(
   endpoint: Endpoint,
   request: HttpClientRequest.HttpClientRequest,
   schema: Schema.Schema<A, I, never>,
+  assembler?: () => Assembler,
 ): Effect.Effect<A, VendorRejectedKey | VendorUnavailable | ChatRefused> =>
-  exchange(http, dialect, endpoint, request, schema, (status, body, message) =>
-    dialect.refuses?.(status, body)
-      ? new ChatRefused({ provider: dialect.vendor, status, message })
-      : undefined,
+  exchange(
+    http,
+    dialect,
+    endpoint,
+    request,
+    schema,
+    (status, body, message) =>
+      dialect.refuses?.(status, body)
+        ? new ChatRefused({ provider: dialect.vendor, status, message })
+        : undefined,
+    assembler,
   )
 
 /** Safety net for a vendor that keeps answering "there is more": stop after this many pages. */

@@ -7,7 +7,9 @@
  * `GET /v1/models` answers `{object: "list", data: [{id, object: "model", created, owned_by}]}`
  * in one page, with no limits or efforts: those come from `Catalog.openAiFacts`.
  *
- * A model turn is `POST /v1/responses` (the Responses API), not streamed, with `store: false` so
+ * A model turn is `POST /v1/responses` (the Responses API), streamed (`stream: true`: a long answer
+ * keeps bytes coming, so no idle timeout of ours or a proxy's cuts it; the `response.completed`
+ * event carries the whole response), with `store: false` so
  * OpenAI keeps no conversation state: the whole conversation goes every time. `instructions` is the
  * system prompt; `input` holds user messages (`input_text`, `input_image` with a `data:` URL),
  * the assistant's messages and `function_call` items, and `function_call_output` items (a string,
@@ -47,6 +49,7 @@ import {
 } from "./Chat.ts"
 import { type VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
 import {
+  type Assembler,
   argumentsText,
   compactionText,
   count,
@@ -234,6 +237,7 @@ export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<stri
     ...(req.reasoning_effort !== "" ? { reasoning: { effort: req.reasoning_effort } } : {}),
     ...(req.max_output_tokens > 0 ? { max_output_tokens: req.max_output_tokens } : {}),
     store: false,
+    stream: true,
     ...(isReasoningModel(req.model) ? { include: ["reasoning.encrypted_content"] } : {}),
     ...(req.cache_key === undefined ? {} : { prompt_cache_key: req.cache_key }),
   }
@@ -341,6 +345,29 @@ export const replyOf = (answer: typeof Response.Type): Effect.Effect<ChatReply, 
   })
 }
 
+/**
+ * A streamed turn: the final `response.completed` (or `.incomplete`, `.failed`) event carries the
+ * whole response, the same object a non-streamed turn answers; an `error` event fails the turn.
+ */
+export const assembler = (): Assembler => {
+  let whole: unknown
+  return {
+    push: ({ data }) => {
+      const e = (typeof data === "object" && data !== null ? data : {}) as {
+        type?: unknown
+        response?: unknown
+        message?: unknown
+      }
+      if (e.type === "error")
+        return typeof e.message === "string" ? e.message : "the answer's stream reported an error"
+      if (e.type === "response.completed" || e.type === "response.incomplete" || e.type === "response.failed")
+        whole = e.response
+      return undefined
+    },
+    result: () => whole,
+  }
+}
+
 /** One model turn. */
 export const turn = (
   http: HttpClient.HttpClient,
@@ -354,4 +381,5 @@ export const turn = (
     endpoint,
     request(endpoint, "POST", "/v1/responses").pipe(HttpClientRequest.bodyUnsafeJson(bodyOf(req, options))),
     Response,
+    assembler,
   ).pipe(Effect.flatMap(replyOf))

@@ -61,6 +61,8 @@ export interface ReplyOptions {
   readonly stop?: string
   /** A text block before the tool calls (`replyToolCalls`). */
   readonly text?: string
+  /** Streamed: the connection drops after this many events. */
+  readonly cutAfter?: number
 }
 
 let serial = 0
@@ -116,7 +118,69 @@ export const messageReply = (
     stop_sequence: null,
     usage: usageBody(usage),
   },
+  ...(options.cutAfter === undefined ? {} : { cutAfter: options.cutAfter }),
 })
+
+const halves = (text: string) => [text.slice(0, text.length >> 1), text.slice(text.length >> 1)]
+
+/**
+ * A message as `stream: true` sends it (the streaming reference): `message_start` (no content,
+ * input usage), per block `content_block_start` / deltas (`text_delta`, `input_json_delta`,
+ * `thinking_delta` then `signature_delta`) / `content_block_stop`, `message_delta` with the stop
+ * reason and output usage, `message_stop`; a `ping` between.
+ */
+export const streamedMessage = (request: RecordedRequest, reply: Reply): Reply => {
+  if (jsonBody(request).stream !== true) return reply
+  const message = reply.json as Record<string, unknown>
+  const usage = (message.usage ?? {}) as Record<string, unknown>
+  const events: Array<Record<string, unknown>> = [
+    {
+      type: "message_start",
+      message: {
+        ...message,
+        content: [],
+        stop_reason: null,
+        stop_sequence: null,
+        usage: { ...usage, output_tokens: 1 },
+      },
+    },
+    { type: "ping" },
+  ]
+  ;((message.content ?? []) as Array<Record<string, unknown>>).forEach((block, index) => {
+    const delta = (d: Record<string, unknown>) =>
+      events.push({ type: "content_block_delta", index, delta: d })
+    if (block.type === "text") {
+      events.push({ type: "content_block_start", index, content_block: { type: "text", text: "" } })
+      for (const text of halves(String(block.text))) delta({ type: "text_delta", text })
+    } else if (block.type === "tool_use" || block.type === "server_tool_use") {
+      events.push({ type: "content_block_start", index, content_block: { ...block, input: {} } })
+      for (const partial_json of halves(JSON.stringify(block.input ?? {})))
+        delta({ type: "input_json_delta", partial_json })
+    } else if (block.type === "thinking") {
+      events.push({
+        type: "content_block_start",
+        index,
+        content_block: { type: "thinking", thinking: "", signature: "" },
+      })
+      for (const thinking of halves(String(block.thinking))) delta({ type: "thinking_delta", thinking })
+      delta({ type: "signature_delta", signature: block.signature })
+    } else events.push({ type: "content_block_start", index, content_block: block })
+    events.push({ type: "content_block_stop", index })
+  })
+  events.push({
+    type: "message_delta",
+    delta: { stop_reason: message.stop_reason, stop_sequence: message.stop_sequence ?? null },
+    usage: {
+      output_tokens: usage.output_tokens ?? 0,
+      ...(usage.server_tool_use ? { server_tool_use: usage.server_tool_use } : {}),
+    },
+  })
+  events.push({ type: "message_stop" })
+  return {
+    sse: events.map((e) => ({ event: String(e.type), data: e })),
+    ...(reply.cutAfter === undefined ? {} : { cutAfter: reply.cutAfter }),
+  }
+}
 
 /** A turn answering `text`. */
 export const textReply = (text: string, usage?: FakeUsage, options?: ReplyOptions): Reply =>
@@ -228,7 +292,8 @@ const validateMessages = (request: RecordedRequest): Reply | undefined => {
     if (control?.type !== "ephemeral") return invalid("cache_control.type: Input should be 'ephemeral'")
     if (control.ttl !== undefined && control.ttl !== "5m" && control.ttl !== "1h")
       return invalid("cache_control.ttl: Input should be '5m' or '1h'")
-    if (b.type === "text" && b.text === "") return invalid("cache_control cannot be set for empty text blocks")
+    if (b.type === "text" && b.text === "")
+      return invalid("cache_control cannot be set for empty text blocks")
     if (b.type === "thinking" || b.type === "redacted_thinking")
       return invalid("Thinking blocks cannot be cached directly with cache_control")
   }
@@ -391,6 +456,7 @@ export const make = (options: {
           path: /^\/v1\/messages$/,
           handle: () => noScript("messages"),
           validate: validateMessages,
+          streamed: streamedMessage,
         },
       ],
     })

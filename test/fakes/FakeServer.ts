@@ -33,6 +33,8 @@ export interface Reply {
   readonly text?: string
   /** A `text/event-stream` body: each event written as `event:`/`data:` lines. */
   readonly sse?: ReadonlyArray<{ readonly event?: string; readonly data: unknown }>
+  /** With `sse`: the connection is dropped after this many events (a stream cut mid-way). */
+  readonly cutAfter?: number
   readonly headers?: Readonly<Record<string, string>>
   /** Wait this long before answering. */
   readonly delayMs?: number
@@ -65,6 +67,11 @@ export interface Route {
   readonly handle: (request: RecordedRequest, match: RegExpMatchArray) => Reply
   /** An error reply when the request is malformed (checked before the queue), else `undefined`. */
   readonly validate?: (request: RecordedRequest) => Reply | undefined
+  /**
+   * The reply as the vendor streams it, when the request asked for a stream: a 2xx JSON answer
+   * becomes the vendor's server-sent events (other replies go as they are).
+   */
+  readonly streamed?: (request: RecordedRequest, reply: Reply) => Reply
 }
 
 /**
@@ -195,7 +202,9 @@ export const start = (options: FakeOptions): Effect.Effect<FakeControls, never, 
         const invalid = route.validate?.(request)
         if (invalid) return invalid
         const queued = queues.get(route.name)?.shift()
-        return queued ?? route.handle(request, match)
+        const reply = queued ?? route.handle(request, match)
+        const ok = (reply.status ?? 200) < 300 && reply.json !== undefined
+        return ok && route.streamed !== undefined ? route.streamed(request, reply) : reply
       }
       return options.notFound(request)
     }
@@ -209,7 +218,12 @@ export const start = (options: FakeOptions): Effect.Effect<FakeControls, never, 
       const status = reply.status ?? 200
       if (reply.sse) {
         res.writeHead(status, { "content-type": "text/event-stream", ...reply.headers })
-        for (const e of reply.sse) {
+        for (const [i, e] of reply.sse.entries()) {
+          if (i === reply.cutAfter) {
+            // What was written goes out first; then the connection ends without the rest.
+            res.socket?.destroySoon()
+            return
+          }
           res.write(`${e.event ? `event: ${e.event}\n` : ""}data: ${JSON.stringify(e.data)}\n\n`)
         }
         res.end()

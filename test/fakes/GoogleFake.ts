@@ -67,6 +67,8 @@ export interface ReplyOptions {
   readonly finishReason?: string
   /** A text part before the function calls (`replyToolCalls`). */
   readonly text?: string
+  /** Streamed: the connection drops after this many chunks. */
+  readonly cutAfter?: number
 }
 
 /** `usageMetadata` as Gemini writes it. */
@@ -113,7 +115,50 @@ export const contentReply = (
       usageMetadata: usageBody(usage),
       modelVersion: "gemini-fake",
     },
+    ...(options.cutAfter === undefined ? {} : { cutAfter: options.cutAfter }),
   }
+}
+
+/**
+ * An answer as `:streamGenerateContent?alt=sse` sends it: a `GenerateContentResponse` per chunk,
+ * each text part in two chunks (a signature on the last of them), each function call whole, the
+ * last chunk with `finishReason`, grounding and `usageMetadata`.
+ */
+export const streamedContent = (request: RecordedRequest, reply: Reply): Reply => {
+  if (!request.path.endsWith(":streamGenerateContent")) return reply
+  const answer = reply.json as Record<string, unknown>
+  const candidates = objects(answer.candidates)
+  const candidate = candidates[0]
+  if (candidate === undefined) return { sse: [{ data: answer }] }
+  const parts = objects((candidate.content as { parts?: unknown } | undefined)?.parts)
+  const chunk = (part: Record<string, unknown>) => ({
+    data: {
+      candidates: [{ content: { role: "model", parts: [part] }, index: 0 }],
+      modelVersion: answer.modelVersion,
+    },
+  })
+  const chunks: Array<{ data: unknown }> = parts.flatMap((part) => {
+    if (typeof part.text !== "string" || part.text.length < 2) return [chunk(part)]
+    const { thoughtSignature, ...plain } = part
+    const half = part.text.length >> 1
+    return [
+      chunk({ ...plain, text: part.text.slice(0, half) }),
+      chunk({
+        ...plain,
+        text: part.text.slice(half),
+        ...(thoughtSignature === undefined ? {} : { thoughtSignature }),
+      }),
+    ]
+  })
+  const { content: _content, ...end } = candidate
+  chunks.push({
+    data: {
+      candidates: [{ ...end, content: { role: "model", parts: [] } }],
+      usageMetadata: answer.usageMetadata,
+      modelVersion: answer.modelVersion,
+    },
+  })
+  return { sse: chunks, ...(reply.cutAfter === undefined ? {} : { cutAfter: reply.cutAfter }) }
 }
 
 /** A turn answering `text`. */
@@ -182,7 +227,7 @@ export const seen = (request: RecordedRequest): SeenChat => {
   const tools = objects(body.tools)
   return {
     body,
-    model: request.path.replace(/^\/v1beta\/models\//, "").replace(/:generateContent$/, ""),
+    model: request.path.replace(/^\/v1beta\/models\//, "").replace(/:(?:stream)?[gG]enerateContent$/, ""),
     system,
     userTexts,
     toolResults,
@@ -198,7 +243,7 @@ const validateGenerate = (request: RecordedRequest): Reply | undefined => {
   // Built-in tools beside function declarations: refused by Gemini 2.5; Gemini 3 takes them with
   // the documented opt-in (the tool-combination guide).
   const tools = objects(body.tools)
-  const model = request.path.replace(/^\/v1beta\/models\//, "").replace(/:generateContent$/, "")
+  const model = request.path.replace(/^\/v1beta\/models\//, "").replace(/:(?:stream)?[gG]enerateContent$/, "")
   const optedIn = (body.toolConfig as { includeServerSideToolInvocations?: unknown } | undefined)
     ?.includeServerSideToolInvocations
   if (
@@ -398,14 +443,17 @@ export const make = (options: {
         {
           name: "generateContent",
           method: "POST",
-          path: /^\/v1beta\/models\/([^/:]+):generateContent$/,
+          path: /^\/v1beta\/models\/([^/:]+):(?:stream)?[gG]enerateContent$/,
           handle: () => noScript("generateContent"),
           validate: validateGenerate,
+          streamed: streamedContent,
         },
       ],
     })
     const chats = () =>
-      controls.requests.filter((r) => r.method === "POST" && r.path.endsWith(":generateContent")).map(seen)
+      controls.requests
+        .filter((r) => r.method === "POST" && /:(?:stream)?[gG]enerateContent$/.test(r.path))
+        .map(seen)
     return {
       ...controls,
       setModels: (list: ReadonlyArray<GoogleModel>) => {

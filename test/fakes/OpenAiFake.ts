@@ -73,6 +73,8 @@ export interface ReplyOptions {
   readonly incomplete?: boolean
   /** A message before the tool calls (`replyToolCalls`). */
   readonly text?: string
+  /** Streamed: the connection drops after this many events. */
+  readonly cutAfter?: number
 }
 
 let serial = 0
@@ -126,7 +128,48 @@ export const responseReply = (
     ],
     usage: usageBody(usage),
   },
+  ...(options.cutAfter === undefined ? {} : { cutAfter: options.cutAfter }),
 })
+
+/**
+ * A Responses API answer as `stream: true` sends it (the streaming reference's events):
+ * `response.created`, each output item added (a message's text in `response.output_text.delta`
+ * pieces) and done, then `response.completed` (or `.incomplete` / `.failed`) with the whole
+ * response; every event carries its `sequence_number`.
+ */
+export const streamedResponse = (request: RecordedRequest, reply: Reply): Reply => {
+  if (jsonBody(request).stream !== true) return reply
+  const response = reply.json as Record<string, unknown>
+  const output = (response.output ?? []) as Array<Record<string, unknown>>
+  const events: Array<Record<string, unknown>> = [
+    { type: "response.created", response: { ...response, status: "in_progress", output: [], usage: null } },
+  ]
+  output.forEach((item, output_index) => {
+    events.push({
+      type: "response.output_item.added",
+      output_index,
+      item: { ...item, status: "in_progress" },
+    })
+    if (item.type === "message")
+      for (const part of (item.content ?? []) as Array<Record<string, unknown>>) {
+        const text = String(part.text ?? "")
+        for (const delta of [text.slice(0, text.length >> 1), text.slice(text.length >> 1)])
+          events.push({ type: "response.output_text.delta", output_index, content_index: 0, delta })
+      }
+    events.push({ type: "response.output_item.done", output_index, item })
+  })
+  const final =
+    response.status === "incomplete"
+      ? "response.incomplete"
+      : response.status === "failed"
+        ? "response.failed"
+        : "response.completed"
+  events.push({ type: final, response })
+  return {
+    sse: events.map((e, sequence_number) => ({ event: String(e.type), data: { ...e, sequence_number } })),
+    ...(reply.cutAfter === undefined ? {} : { cutAfter: reply.cutAfter }),
+  }
+}
 
 /** A turn answering `text`. */
 export const textReply = (text: string, usage?: FakeUsage, options?: ReplyOptions): Reply =>
@@ -410,6 +453,7 @@ export const make = (options: {
           path: /^\/v1\/responses$/,
           handle: () => noScript("responses"),
           validate: validateResponses,
+          streamed: streamedResponse,
         },
         {
           name: "chat.completions",
