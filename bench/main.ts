@@ -19,6 +19,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["machines", "machines.ts", ["10", "200"]],
   ["runs", "runs.ts", ["50", "200"]],
   ["agent", "agent.ts", ["200"]],
+  ["prompt-cache", "prompt-cache.ts", ["20"]],
   ["output-pack", "output-pack.ts", ["128"]],
   ["qemu", "qemu.ts", ["1", "20", "auto"]],
 ]

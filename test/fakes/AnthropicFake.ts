@@ -28,6 +28,8 @@
  * is not a `tool_use` of the message just before, and a `tool_use` left without its result in the
  * next message.
  */
+
+import { createHash } from "node:crypto"
 import type { Scope } from "effect"
 import { Effect } from "effect"
 import {
@@ -394,10 +396,64 @@ export const webSearchDisabledBody = () => ({
 const noScript = (route: string): Reply =>
   error(500, "api_error", `the fake has no scripted reply for ${route}`)
 
-/** Starts the fake accepting `keys`, listing `models`. */
+/** Tokens of some JSON, as the cache emulation counts them (about 4 bytes a token). */
+const tokensOf = (value: unknown) => Math.ceil(Buffer.byteLength(JSON.stringify(value)) / 4)
+
+/** The smallest prefix Anthropic caches (Sonnet and Opus: 1,024 tokens). */
+export const cacheMinTokens = 1024
+
+/**
+ * Anthropic's prompt cache as its guide describes it, for `promptCache: true`: the prompt is the
+ * sequence tools, system blocks, message blocks; a block with `cache_control` is a breakpoint. A
+ * request reads the longest prefix, ending at any block boundary up to its last breakpoint, that an
+ * earlier request cached; it writes the prefix up to each of its breakpoints past that (of at least
+ * 1,024 tokens). Usage then reports `cache_read_input_tokens`, `cache_creation_input_tokens` and
+ * the rest as `input_tokens`.
+ */
+export const promptCache = () => {
+  const cached = new Set<string>()
+  return (body: Record<string, unknown>) => {
+    const blocks = [
+      ...objects(body.tools),
+      ...(typeof body.system === "string" ? [{ type: "text", text: body.system }] : objects(body.system)),
+      ...objects(body.messages).flatMap((m) =>
+        (typeof m.content === "string" ? [{ type: "text", text: m.content }] : objects(m.content)).map(
+          (b) => ({
+            ...b,
+            role: m.role,
+          }),
+        ),
+      ),
+    ]
+    const hash = createHash("sha256")
+    const prefixes: Array<{ key: string; tokens: number; breakpoint: boolean }> = []
+    let tokens = 0
+    for (const block of blocks) {
+      const { cache_control, ...plain } = block as Record<string, unknown>
+      hash.update(JSON.stringify(plain))
+      tokens += tokensOf(plain)
+      prefixes.push({ key: hash.copy().digest("hex"), tokens, breakpoint: cache_control !== undefined })
+    }
+    const last = prefixes.findLastIndex((p) => p.breakpoint)
+    let read = 0
+    for (let i = 0; i <= last; i++) if (cached.has(prefixes[i]!.key)) read = prefixes[i]!.tokens
+    let written = read
+    for (let i = 0; i <= last; i++) {
+      const p = prefixes[i]!
+      if (p.breakpoint && p.tokens > read && p.tokens >= cacheMinTokens) {
+        cached.add(p.key)
+        written = p.tokens
+      }
+    }
+    return { read, write: written - read, input: tokens - written }
+  }
+}
+
+/** Starts the fake accepting `keys`, listing `models`; `promptCache` counts usage as Anthropic's cache would. */
 export const make = (options: {
   readonly keys: ReadonlyArray<string>
   readonly models?: ReadonlyArray<string | AnthropicModel>
+  readonly promptCache?: boolean
 }): Effect.Effect<AnthropicFake, never, Scope.Scope> =>
   Effect.gen(function* () {
     const keys = new Set(options.keys)
@@ -407,6 +463,25 @@ export const make = (options: {
       models = list.map((m) => (typeof m === "string" ? { id: m } : m))
     }
     setModels(options.models ?? [])
+    const cache = options.promptCache === true ? promptCache() : undefined
+    // Usage as the cache counts it (the scripted output tokens kept).
+    const withCacheUsage = (request: RecordedRequest, reply: Reply): Reply => {
+      if (cache === undefined) return reply
+      const counted = cache(jsonBody(request))
+      const message = reply.json as Record<string, unknown>
+      return {
+        ...reply,
+        json: {
+          ...message,
+          usage: {
+            ...(message.usage as Record<string, unknown>),
+            input_tokens: counted.input,
+            cache_read_input_tokens: counted.read,
+            cache_creation_input_tokens: counted.write,
+          },
+        },
+      }
+    }
     const controls = yield* start({
       authorize: (req) => {
         const key = req.headers["x-api-key"]
@@ -456,7 +531,7 @@ export const make = (options: {
           path: /^\/v1\/messages$/,
           handle: () => noScript("messages"),
           validate: validateMessages,
-          streamed: streamedMessage,
+          streamed: (request, reply) => streamedMessage(request, withCacheUsage(request, reply)),
         },
       ],
     })

@@ -18,6 +18,38 @@ const call = (url: string, init?: RequestInit) =>
     return { status: res.status, type: res.headers.get("content-type") ?? "", text: await res.text() }
   })
 
+describe("the Anthropic fake's prompt cache", () => {
+  it("reads the longest prefix an earlier breakpoint cached, writes up to its own, and not under 1,024 tokens", () => {
+    const cache = AnthropicFake.promptCache()
+    const big = { type: "text", text: "x".repeat(8000) } // 2,000+ tokens
+    const mark = (b: object) => ({ ...b, cache_control: { type: "ephemeral" } })
+    const first = cache({
+      system: [mark(big)],
+      messages: [{ role: "user", content: [mark({ type: "text", text: "go" })] }],
+    })
+    expect(first.read).toBe(0)
+    expect(first.write).toBeGreaterThan(2000)
+    expect(first.input).toBe(0)
+    const second = cache({
+      system: [mark(big)],
+      messages: [
+        { role: "user", content: [{ type: "text", text: "go" }] },
+        { role: "assistant", content: [{ type: "text", text: "ok" }] },
+        { role: "user", content: [mark({ type: "text", text: "more" })] },
+      ],
+    })
+    // The whole first prompt is read; what came after it is written.
+    expect(second.read).toBe(first.write)
+    expect(second.write).toBeGreaterThan(0)
+    expect(second.input).toBe(0)
+    // Without breakpoints nothing is read or written; a small prefix is not cached.
+    expect(AnthropicFake.promptCache()({ system: [big], messages: [] })).toMatchObject({ read: 0, write: 0 })
+    const small = AnthropicFake.promptCache()
+    small({ system: [mark({ type: "text", text: "short" })], messages: [] })
+    expect(small({ system: [mark({ type: "text", text: "short" })], messages: [] }).read).toBe(0)
+  })
+})
+
 describe("vendor fakes", () => {
   it.scoped("chat routes answer from their queue in order, then say nothing is scripted", () =>
     Effect.gen(function* () {
