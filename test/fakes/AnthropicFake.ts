@@ -266,8 +266,31 @@ export const seen = (request: RecordedRequest): SeenChat => {
 
 const invalid = (message: string) => error(400, "invalid_request_error", message)
 
+/** The request body fields of `POST /v1/messages` (the API reference). */
+const messagesFields = new Set([
+  "model",
+  "messages",
+  "max_tokens",
+  "system",
+  "metadata",
+  "stop_sequences",
+  "stream",
+  "temperature",
+  "top_k",
+  "top_p",
+  "tools",
+  "tool_choice",
+  "thinking",
+  "service_tier",
+  "container",
+  "mcp_servers",
+  "context_management",
+])
+
 const validateMessages = (request: RecordedRequest): Reply | undefined => {
   const body = jsonBody(request)
+  for (const name of Object.keys(body))
+    if (!messagesFields.has(name)) return invalid(`${name}: Extra inputs are not permitted`)
   if (!Number.isInteger(body.max_tokens) || (body.max_tokens as number) < 1)
     return invalid("max_tokens: Field required")
   const messages = objects(body.messages)

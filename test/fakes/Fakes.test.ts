@@ -152,6 +152,38 @@ describe("vendor fakes", () => {
     }),
   )
 
+  it.scoped("Anthropic and Google refuse a body field their API does not know, in their own words", () =>
+    Effect.gen(function* () {
+      const anthropic = yield* AnthropicFake.make({ keys: ["k"] })
+      const a = yield* call(`${anthropic.url}/v1/messages`, {
+        method: "POST",
+        headers: { "x-api-key": "k", "anthropic-version": "2023-06-01", "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "m",
+          max_tokens: 5,
+          messages: [{ role: "user", content: "hi" }],
+          cache: true,
+        }),
+      })
+      expect(a.status).toBe(400)
+      expect(JSON.parse(a.text)).toMatchObject({
+        type: "error",
+        error: { type: "invalid_request_error", message: "cache: Extra inputs are not permitted" },
+      })
+      const google = yield* GoogleFake.make({ keys: ["k"] })
+      const g = yield* call(`${google.url}/v1beta/models/gemini-2.5-pro:generateContent`, {
+        method: "POST",
+        headers: { "x-goog-api-key": "k", "content-type": "application/json" },
+        body: JSON.stringify({ contents: [{ role: "user", parts: [{ text: "hi" }] }], tool_config: {} }),
+      })
+      expect(g.status).toBe(400)
+      expect(JSON.parse(g.text).error).toMatchObject({
+        status: "INVALID_ARGUMENT",
+        message: expect.stringContaining('Unknown name "tool_config"'),
+      })
+    }),
+  )
+
   it.scoped("Google refuses search beside functions unless a Gemini 3 model opts in, as Gemini does", () =>
     Effect.gen(function* () {
       const fake = yield* GoogleFake.make({ keys: ["k"] })

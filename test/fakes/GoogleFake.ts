@@ -237,8 +237,34 @@ export const seen = (request: RecordedRequest): SeenChat => {
   }
 }
 
+/** The request body fields of `generateContent` (the API reference). */
+const generateFields = new Set([
+  "contents",
+  "tools",
+  "toolConfig",
+  "safetySettings",
+  "systemInstruction",
+  "generationConfig",
+  "cachedContent",
+])
+
 const validateGenerate = (request: RecordedRequest): Reply | undefined => {
   const body = jsonBody(request)
+  for (const name of Object.keys(body))
+    if (!generateFields.has(name))
+      return error(
+        400,
+        "INVALID_ARGUMENT",
+        `Invalid JSON payload received. Unknown name "${name}": Cannot find field.`,
+        [
+          {
+            "@type": "type.googleapis.com/google.rpc.BadRequest",
+            fieldViolations: [
+              { description: `Invalid JSON payload received. Unknown name "${name}": Cannot find field.` },
+            ],
+          },
+        ],
+      )
   const contents = objects(body.contents)
   // Built-in tools beside function declarations: refused by Gemini 2.5; Gemini 3 takes them with
   // the documented opt-in (the tool-combination guide).
