@@ -56,6 +56,7 @@ interface ToolCallSeen {
   readonly authorization: string
   readonly run: string
   readonly body: string
+  readonly headers: ReadonlyArray<string>
 }
 
 interface ToolServer {
@@ -77,6 +78,7 @@ const toolServer = async (tls: { key: Buffer; cert: Buffer }): Promise<ToolServe
         authorization: String(req.headers.authorization),
         run: String(req.headers["service-run"]),
         body: Buffer.concat(chunks).toString("utf8"),
+        headers: Object.keys(req.headers),
       })
       if (path === "/ok")
         res.writeHead(200, { "content-type": "application/json" }).end('{"weather":"sunny"}')
@@ -809,6 +811,8 @@ describe("custom tools", () => {
     for (const c of calls) {
       expect(c.authorization).toBe(`Bearer ${TOOL_SECRET}`)
       expect(c.run).toBe(started.id)
+      // No tracing headers leave for a tool.
+      for (const name of ["traceparent", "tracestate", "b3"]) expect(c.headers).not.toContain(name)
     }
     expect(JSON.parse(calls[0]!.body)).toEqual({ city: "Paris" })
 
