@@ -20,6 +20,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["runs", "runs.ts", ["50", "200"]],
   ["agent", "agent.ts", ["200"]],
   ["prompt-cache", "prompt-cache.ts", ["20"]],
+  ["chaos", "chaos.ts", ["30", "18"]],
   ["output-pack", "output-pack.ts", ["128"]],
   ["qemu", "qemu.ts", ["1", "20", "auto"]],
 ]

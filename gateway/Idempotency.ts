@@ -11,7 +11,7 @@
  *   and the same key with the same request answers it again (`idempotent-replayed: true`);
  * - the same key with another request answers `409 conflict` naming the header;
  * - the same key while the first is still running answers `409 conflict` with `Retry-After`;
- * - an answer of 500 (or a gateway that died meanwhile: a claim older than a minute) is not kept:
+ * - an answer of 500 (or a gateway that died meanwhile: a claim not renewed for 10 s) is not kept:
  *   the key is released for a retry, which runs again with the same ids. The ids a handler makes
  *   (`newId`) are seeded by the claim, so a run or command created by the first attempt, whose
  *   answer was lost, is found by the retry (the actors answer an existing id with its record)
@@ -20,7 +20,7 @@
  *   again answers `409 conflict` saying so.
  */
 import { createHash, randomBytes } from "node:crypto"
-import { Cause, Clock, Effect, Exit, FiberRef, Option, Schema } from "effect"
+import { Cause, Clock, Effect, Exit, Fiber, FiberRef, Option, Schema } from "effect"
 import { type IdPrefix, makeId, seededId } from "../core/Ids.ts"
 import * as Kv from "../core/Kv.ts"
 import type { Nats } from "../core/Nats.ts"
@@ -32,8 +32,13 @@ import { error as errorReply } from "./Response.ts"
 /** The header, as the server sees it (lower case). */
 export const HEADER = "idempotency-key"
 const VALID = /^[\x21-\x7e]{1,255}$/
-/** A claim this old belongs to a gateway that died while handling it; a retry may take it over. */
-const STALE_CLAIM_MS = 60_000
+/**
+ * The gateway handling a request renews its claim this often; a claim not renewed for
+ * `STALE_CLAIM_MS` belongs to a gateway that died while handling it, and a retry takes it over (a
+ * client retrying after a `kill -9` of the gateway waits seconds, not a minute).
+ */
+export const CLAIM_RENEW_MS = 3_000
+export const STALE_CLAIM_MS = 10_000
 
 const IdempotencyRecord = Schema.Struct({
   /** SHA-256 of the request (query and decoded body). */
@@ -160,9 +165,23 @@ export const around = <E, R>(
     const seeded = <P extends IdPrefix>(prefix: P) => seededId(prefix, claimedAt, key)
     // The outcome is recorded even when the client goes away mid-request (an interruption
     // releases the key at once rather than leaving a claim to go stale).
+    // The claim is renewed while the request runs (a long ask), so only a dead gateway's goes stale.
+    const renew = Effect.gen(function* () {
+      for (;;) {
+        yield* Effect.sleep(CLAIM_RENEW_MS)
+        const at = yield* Clock.currentTimeMillis
+        claimRevision = yield* store.update(
+          key,
+          { request: fingerprint, state: "pending", at: claimedAt, claimed: at },
+          claimRevision,
+        )
+      }
+    }).pipe(Effect.ignore)
     return yield* Effect.uninterruptibleMask((restore) =>
       Effect.gen(function* () {
+        const renewing = yield* Effect.fork(restore(renew))
         const exit = yield* Effect.exit(restore(Effect.locally(handle, idMaker, seeded)))
+        yield* Fiber.interrupt(renewing)
         const failure = Exit.isFailure(exit)
           ? Option.getOrUndefined(Cause.failureOption(exit.cause))
           : undefined
@@ -190,7 +209,7 @@ export const around = <E, R>(
                 }
             : { state: "released" as const }
         // Over this claim only (a retry that took over a stale claim wins); best effort: a record
-        // not written leaves a claim a retry can take over after a minute.
+        // not written leaves a claim a retry can take over once it is stale.
         yield* store
           .update(key, { request: fingerprint, at: claimedAt, claimed: now, ...keep }, claimRevision)
           .pipe(Effect.catchAll((e) => Effect.logWarning("idempotency record not written", e)))

@@ -5,6 +5,7 @@
  */
 import { createHash } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { STALE_CLAIM_MS } from "../gateway/Idempotency.ts"
 import {
   type Answer,
   call,
@@ -169,4 +170,52 @@ describe("an answer lost to a timeout", () => {
     expect(list.commands.filter((c: { kind: string }) => c.kind === "write")).toHaveLength(1)
     expect(list.commands.find((c: { kind: string }) => c.kind === "write").id).toBe(done.body.id)
   })
+})
+
+describe("a claim on a key", () => {
+  let held: Stack
+  let owner: TestAccount
+  let heldFn: string
+
+  beforeAll(async () => {
+    // Asks wait long enough for a request to outlive a stale claim.
+    held = await startStack({ settings: { COMMAND_ASK_TIMEOUT_MS: STALE_CLAIM_MS + 6_000 } })
+    owner = await createAccount(held)
+    heldFn = (await publish(held, owner)).function
+  }, 120_000)
+
+  afterAll(() => closeStack(held), 120_000)
+
+  it("is renewed while its request runs, so a retry past the stale age is still told to wait", async () => {
+    const run = (await startRun(held, owner, heldFn)).id
+    expectStatus(
+      await call(held, "POST", `/v1/runs/${run}/commands`, owner.admin, {
+        kind: "bash",
+        arguments: { command: "true" },
+      }),
+      201,
+      "a first command",
+    )
+    // No actor worker: the command's ask waits, and its request holds the claim.
+    await held.stopActors()
+    const key = uniqueKey()
+    const cmd = { kind: "write", arguments: { file_path: "held.txt", content: "1\n" } }
+    const headers = { ...owner.admin, "idempotency-key": key }
+    const first = call(held, "POST", `/v1/runs/${run}/commands`, headers, cmd)
+    await new Promise((r) => setTimeout(r, STALE_CLAIM_MS + 2_000))
+    const retry = await call(held, "POST", `/v1/runs/${run}/commands`, headers, cmd)
+    expectRefused(retry, 409, "conflict", "idempotency-key")
+    expect(retry.headers["retry-after"]).toBe("1")
+    await held.startActors()
+    const answered = await first
+    // The first request answers the command (or, its ask having timed out, is retried to it).
+    const made =
+      answered.status === 201
+        ? answered.body
+        : expectStatus(await call(held, "POST", `/v1/runs/${run}/commands`, headers, cmd), 201, "retry")
+    const list = expectStatus(await call(held, "GET", `/v1/runs/${run}/commands`, owner.admin), 200, "list")
+    expect(
+      list.commands.filter((c: { kind: string }) => c.kind === "write").map((c: { id: string }) => c.id),
+    ).toEqual([made.id])
+  }, 120_000)
 })

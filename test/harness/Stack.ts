@@ -170,6 +170,8 @@ export interface Stack {
   /** Runs an effect with the stack's client services: NATS, storage, the account store, a mailbox. */
   readonly run: <A, E>(fx: Effect.Effect<A, E, StackClient>) => Promise<A>
   readonly stopGateway: () => Promise<void>
+  /** Stops the gateway the way `kill -9` would. */
+  readonly killGateway: () => Promise<void>
   readonly startGateway: () => Promise<void>
   /** Stops the worker the way `kill -9` would (no drain, leases left to expire). */
   readonly killActors: () => Promise<void>
@@ -450,6 +452,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
         ) as Effect.Effect<never>,
       ),
     stopGateway: () => stop("gateway"),
+    killGateway: () => kill("gateway"),
     startGateway: () => start("gateway"),
     killActors: () => kill("actors"),
     stopActors: () => stop("actors"),
