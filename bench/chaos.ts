@@ -72,6 +72,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 interface Seen {
   fiveHundreds: number
+  /** What answered 500: method, route (ids left out) and the answer. */
+  readonly where: Set<string>
   statuses: Map<number, number>
 }
 
@@ -91,11 +93,20 @@ const ask = async (
       (): Answer => ({ status: 0, body: undefined, text: "", headers: {} }),
     )
     seen.statuses.set(answer.status, (seen.statuses.get(answer.status) ?? 0) + 1)
-    if (answer.status === 500) seen.fiveHundreds += 1
+    if (answer.status === 500) {
+      seen.fiveHundreds += 1
+      seen.where.add(
+        `${method} ${path.replace(/(run|cmd|fnc)_[0-9a-z]+/g, "{$1}").replace(/\?.*$/, "")} ${answer.text.slice(0, 120)}`,
+      )
+    }
     const code = answer.body?.code
     // The spec's retryable codes, 503 while the store is away, and a rate limit after its wait.
     const retry =
-      answer.status === 0 || answer.status >= 500 || answer.status === 429 || code === "internal" || code === "conflict"
+      answer.status === 0 ||
+      answer.status >= 500 ||
+      answer.status === 429 ||
+      code === "internal" ||
+      code === "conflict"
     if (!retry || Date.now() > deadline) return answer
     const hint = Number(answer.headers["retry-after"])
     await sleep(Number.isFinite(hint) && hint > 0 ? hint * 1000 : Math.min(2_000, 100 * 2 ** attempt))
@@ -122,6 +133,7 @@ const until = async (
 interface RunOutcome {
   readonly state: string
   readonly failure?: string
+  readonly detail?: string
   readonly commands: number
   readonly billedOk: boolean
 }
@@ -172,6 +184,7 @@ const oneRun = async (
   return {
     state: final.state,
     ...(final.failure === undefined ? {} : { failure: final.failure }),
+    ...(final.detail === undefined ? {} : { detail: final.detail }),
     commands: list.commands.length,
     billedOk: billed === startedMinutes,
   }
@@ -184,7 +197,7 @@ const round = async (fault: Fault) => {
     hostVcpus: runs,
     hostMemoryMib: runs * 2048,
   })
-  const seen: Seen = { fiveHundreds: 0, statuses: new Map() }
+  const seen: Seen = { fiveHundreds: 0, where: new Set(), statuses: new Map() }
   let leftovers: ReadonlyArray<string> = []
   try {
     const acct = await createAccount(stack, { creditUsd: 1000 })
@@ -214,8 +227,13 @@ const round = async (fault: Fault) => {
     for (const o of outcomes.filter((o) => o.state !== "succeeded"))
       causes.set(o.failure ?? o.state, (causes.get(o.failure ?? o.state) ?? 0) + 1)
     const twice = outcomes.filter((o) => o.commands > commands).length
+    const details = [
+      ...new Set(
+        outcomes.flatMap((o) => (o.detail === undefined || o.state === "succeeded" ? [] : [o.detail])),
+      ),
+    ]
     const billed = outcomes.every((o) => o.billedOk)
-    return { ok, lost: runs - ok, causes, twice, billed, wall, seen, stack }
+    return { ok, lost: runs - ok, causes, details, twice, billed, wall, seen, stack }
   } finally {
     leftovers = await stack.close()
     if (leftovers.length > 0) console.log(`  ${fault}: left on the host: ${leftovers.join(", ")}`)
@@ -227,10 +245,14 @@ console.log(
   "| Fault | Runs ok | Runs lost | Lost as | 500s seen | Commands applied twice | Ledger = started minutes | Round |",
 )
 console.log("|---|---|---|---|---|---|---|---|")
+const notes: Array<string> = []
 for (const fault of wanted) {
   const r = await round(fault)
+  for (const d of r.details) notes.push(`${fault}: lost: ${d}`)
+  for (const w of r.seen.where) notes.push(`${fault}: 500 for ${w}`)
   const causes = [...r.causes].map(([c, n]) => `${n} ${c}`).join(", ") || "—"
   console.log(
     `| ${fault} | ${r.ok} | ${r.lost} | ${causes} | ${r.seen.fiveHundreds} | ${r.twice} | ${r.billed ? "yes" : "no"} | ${(r.wall / 1000).toFixed(1)} s |`,
   )
 }
+for (const note of notes) console.log(`  ${note}`)

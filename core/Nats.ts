@@ -79,6 +79,12 @@ export interface NatsClients {
    * each request's own timeout.
    */
   readonly reachable: () => boolean
+  /**
+   * Whether the store has been well for a while: reachable and answering, with no disconnect and no
+   * unanswered request in the last 10 s. A request that failed otherwise failed for its own reasons;
+   * one that failed in such a window most likely failed for the store's.
+   */
+  readonly settled: () => boolean
 }
 
 /** The process's NATS connection. */
@@ -86,6 +92,9 @@ export class Nats extends Context.Tag("hangar/Nats")<Nats, NatsClients>() {}
 
 // Draining waits on a real server, so its timeout runs on the real clock even under TestClock.
 const liveClock = Clock.make()
+
+/** How long after a disconnect or an unanswered request the store counts as unsettled. */
+const SETTLE_MS = 10_000
 
 /** How often the client pings its server. */
 export const PING_INTERVAL_MS = 10_000
@@ -126,10 +135,16 @@ export const make = Effect.gen(function* () {
   // Followed from the start: a disconnect (the socket closed, or two pings unanswered) until the
   // client has reconnected.
   let up = true
+  let lastTrouble = 0
   void (async () => {
     for await (const s of connection.status()) {
-      if (s.type === "disconnect" || s.type === "close") up = false
-      else if (s.type === "reconnect") up = true
+      if (s.type === "disconnect" || s.type === "close") {
+        up = false
+        lastTrouble = Date.now()
+      } else if (s.type === "reconnect") {
+        up = true
+        lastTrouble = Date.now()
+      }
     }
   })().catch(() => undefined)
   void connection.closed().then(() => {
@@ -142,7 +157,9 @@ export const make = Effect.gen(function* () {
     Effect.sync(() => makeRequests(connection)),
     (r) => Effect.sync(() => r.close()),
   )
-  return { connection, js, jsm, requests, reachable: () => up } satisfies NatsClients
+  const settled = () =>
+    up && requests.responsive() && Date.now() - Math.max(lastTrouble, requests.lastTimeout()) > SETTLE_MS
+  return { connection, js, jsm, requests, reachable: () => up, settled } satisfies NatsClients
 })
 
 /** The connection as a layer, configured by `NatsSettings`. */

@@ -35,6 +35,13 @@ export interface Requests {
    * `release` forgets one given up on.
    */
   readonly inbox: (operation: string, timeoutMs: number) => Inbox
+  /**
+   * False while the server seems frozen: a request timed out within the last 30 s and nothing has
+   * answered since (a stopped server keeps the connection open, so no disconnect tells it).
+   */
+  readonly responsive: () => boolean
+  /** When a request or an ask last went unanswered (epoch ms; 0: never). */
+  readonly lastTimeout: () => number
   /** Fails every waiting request and stops the sweep (the connection is closing). */
   readonly close: () => void
 }
@@ -57,6 +64,9 @@ interface Pending {
   readonly resume: (effect: Effect.Effect<Msg, NatsError | ReplyTimeout>) => void
 }
 
+/** How long one unanswered request counts as evidence of a frozen server. */
+const UNRESPONSIVE_MS = 30_000
+
 /** How often waiting requests are checked against their deadlines. */
 const SWEEP_MS = 100
 
@@ -66,9 +76,13 @@ export const make = (connection: NatsConnection): Requests => {
   const pending = new Map<string, Pending>()
   let next = 0
   let closed = false
+  // Evidence for `responsive`: the last answer of any kind, the last request that timed out.
+  let lastAnswer = 0
+  let lastTimeout = 0
 
   connection.subscribe(`${prefix}*`, {
     callback: (_error, msg) => {
+      lastAnswer = Date.now()
       const token = msg.subject.slice(prefix.length)
       const waiting = pending.get(token)
       if (waiting === undefined) return
@@ -86,6 +100,9 @@ export const make = (connection: NatsConnection): Requests => {
     for (const [token, waiting] of pending) {
       if (waiting.deadline > now) continue
       pending.delete(token)
+      // A request the server never answered, or an ask no actor answered in time (a worker
+      // restarting, a store just back): either way the service is not settled.
+      lastTimeout = now
       waiting.resume(Effect.fail(waiting.timedOut()))
     }
   }, SWEEP_MS)
@@ -150,5 +167,7 @@ export const make = (connection: NatsConnection): Requests => {
     }
   }
 
-  return { request, inbox, close }
+  const responsive = () => !(lastTimeout > lastAnswer && Date.now() - lastTimeout < UNRESPONSIVE_MS)
+
+  return { request, inbox, responsive, lastTimeout: () => lastTimeout, close }
 }

@@ -59,7 +59,9 @@ const internalError = ApiError.internal()
 /**
  * While NATS is unreachable: `503` with `Retry-After`, and the code `internal` that the spec tells
  * clients to retry (the spec has no code of its own for it), instead of each request waiting for
- * its own timeout and failing `500`.
+ * its own timeout and failing `500`; a request that failed while the store was not settled (down,
+ * frozen, or back less than 10 s: `Nats.settled`), or because an actor did not answer in time
+ * (`AskTimeout`), answers the same.
  */
 export const UNREACHABLE_RETRY_AFTER_S = 2
 const unreachableReply = json(ApiError.internal("the service cannot reach its store just now; retry").body, {
@@ -86,10 +88,19 @@ const replyForCause = (cause: Cause.Cause<unknown>, reachable: () => boolean): E
   if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause as Cause.Cause<never>)
   const failure = Cause.failureOption(cause)
   if (Option.isSome(failure) && failure.value instanceof ApiError) {
+    // A handler's own `internal` for a store that went away is the store's too.
+    if (failure.value.code === "internal" && !reachable())
+      return Effect.as(Effect.logWarning("request failed while NATS is unreachable", cause), unreachableReply)
     return Effect.succeed(errorReply(failure.value))
   }
   if (!reachable())
     return Effect.as(Effect.logWarning("request failed while NATS is unreachable", cause), unreachableReply)
+  // An actor that did not answer in time (a worker restarting, a store just back): busy, not broken.
+  if (Option.isSome(failure) && (failure.value as { _tag?: unknown } | null)?._tag === "AskTimeout")
+    return Effect.as(
+      Effect.logWarning("request failed: an actor did not answer in time", cause),
+      unreachableReply,
+    )
   return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
 }
 
@@ -111,6 +122,10 @@ export const make = <R>(
     // A gateway without NATS (tests of the server alone) is always reachable.
     const nats = yield* Effect.serviceOption(Nats)
     const reachable = Option.isSome(nats) ? nats.value.reachable : () => true
+    // A failure while the server is away or frozen is the store's, not ours: 503, retry.
+    const storeUp = Option.isSome(nats)
+      ? () => nats.value.reachable() && nats.value.requests.responsive()
+      : () => true
     // Handler fibers belong to this set: closing the layer interrupts the ones still running.
     const run = yield* FiberSet.makeRuntime<R>()
     const router = Router.make(routes)
@@ -206,7 +221,7 @@ export const make = <R>(
       }
       const full = Effect.matchCauseEffect(program, {
         onSuccess: send,
-        onFailure: (cause) => Effect.flatMap(replyForCause(cause, reachable), send),
+        onFailure: (cause) => Effect.flatMap(replyForCause(cause, storeUp), send),
       }).pipe(
         Effect.ensuring(
           Effect.suspend(() => {

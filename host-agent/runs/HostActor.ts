@@ -77,6 +77,8 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
     const actorSettings = yield* ActorSettings.Tag
     const runs = yield* Kv.make(names.kv.runs.name, StoredRun)
     const held = new Map<string, RunMachine.RunMachine>()
+    // Runs this life reserved room for whose placement has not finished (see `place`).
+    const placing = new Set<string>()
     const stream = names.streams.MAILBOX.name
     const name = consumerName(host.id)
 
@@ -131,9 +133,16 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         const found = yield* runs.get(kvKeys.run(message.account, message.run))
         if (Option.isNone(found)) return yield* Effect.logInfo("placement of an unknown run dropped")
         const run = found.value.value
-        if (endedRunStates.has(run.state)) return yield* Effect.logInfo("placement of an ended run dropped")
+        if (endedRunStates.has(run.state)) {
+          // A placement this life began and the run ended meanwhile: its room goes back.
+          if (placing.delete(run.id)) yield* capacity.release(run.id)
+          return yield* Effect.logInfo("placement of an ended run dropped")
+        }
         if (held.has(run.id)) return
-        if (run.state === "running") {
+        // Reserved by this life but not yet running here: a placement that failed midway (the bus
+        // went away between its sends) and came back; it goes on from where it stopped.
+        const ours = placing.has(run.id)
+        if (run.state === "running" && !ours) {
           if (run.host !== host.id) return
           // An earlier life of this agent took it; its machine went with that process.
           yield* Mailbox.send(
@@ -150,7 +159,9 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           yield* capacity.release(run.id)
           return yield* freed(run.id)
         }
-        const reserved = yield* capacity.reserve(run.id, message.size, run.id)
+        const reserved = ours
+          ? Either.right(undefined)
+          : yield* capacity.reserve(run.id, message.size, run.id)
         if (Either.isLeft(reserved)) {
           yield* Effect.logInfo("placement refused: no room").pipe(
             Effect.annotateLogs({
@@ -166,6 +177,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
             { msgId: `${run.id}:refused:${seq}` },
           )
         }
+        placing.add(run.id)
         const at = timestamp(yield* Clock.currentTimeMillis)
         yield* Mailbox.send(
           Run,
@@ -181,6 +193,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         )
         const machine = yield* RunMachine.start(run)
         held.set(run.id, machine)
+        placing.delete(run.id)
         yield* Effect.logInfo("run placed").pipe(Effect.annotateLogs({ size: message.size }))
       })
 

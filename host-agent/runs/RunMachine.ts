@@ -339,6 +339,8 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         const secrets = yield* Secrets
         const basesDir = (yield* BasesSettings.Tag).dir
         const version = yield* functions.version(run.function, run.version).pipe(
+          // Read again while the store is away (a restart of nats-server), not failed at once.
+          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
           Effect.mapError((e) =>
             lifeFailed("infrastructure", `reading the function version: ${describe(e)}`),
           ),
@@ -395,7 +397,9 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         )
 
         // Input.
-        const files = yield* ObjectStore.make(names.objects.files.name)
+        const files = yield* ObjectStore.make(names.objects.files.name).pipe(
+          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+        )
         const inputFailure = (e: { readonly _tag: string }) =>
           e instanceof Inputs.InputFailed
             ? lifeFailed("input", e.detail)
@@ -422,13 +426,12 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         for (const v of version.environment) {
           if ("value" in v) env[v.name] = v.value
           else {
-            const opened = yield* secrets
-              .open(run.account, v.secret_id)
-              .pipe(
-                Effect.mapError((e) =>
-                  lifeFailed("infrastructure", `opening the secret of ${v.name}: ${describe(e)}`),
-                ),
-              )
+            const opened = yield* secrets.open(run.account, v.secret_id).pipe(
+              Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+              Effect.mapError((e) =>
+                lifeFailed("infrastructure", `opening the secret of ${v.name}: ${describe(e)}`),
+              ),
+            )
             if (Option.isNone(opened))
               return yield* lifeFailed("setup", `the secret of environment variable ${v.name} is missing`)
             env[v.name] = Redacted.value(opened.value)
@@ -452,7 +455,9 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         yield* log.append("ready")
 
         // Commands.
-        const outputs = yield* ObjectStore.make(names.objects.outputs.name)
+        const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(
+          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+        )
         const context: CommandContext = {
           account: run.account,
           env,
@@ -543,6 +548,8 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
               account: run.account,
               name: runId,
             }).pipe(
+              // Packed again (into the same object) while the store is away; the guest's files stay.
+              Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
               Effect.tapError((e) =>
                 Effect.zipRight(
                   finishRecord(t, { state: "failed", error: `packing the output failed: ${describe(e)}` }),
