@@ -18,7 +18,6 @@ import {
   type Answer,
   call,
   createAccount,
-  expectStatus,
   publish,
   type Stack,
   startStack,

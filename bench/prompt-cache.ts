@@ -91,11 +91,10 @@ try {
   console.log(
     `prompt cache over ${rows.length} turns of one agent run (Anthropic fake counting as its cache would)`,
   )
-  rows.forEach((r, i) =>
+  for (const [i, r] of rows.entries())
     console.log(
       `  turn ${String(i + 1).padStart(2)}: prompt ${r.cached.read + r.cached.write + r.cached.input} tokens, read from cache ${(share(r.cached) * 100).toFixed(1)} % (written ${r.cached.write}); without breakpoints ${(share(r.plain) * 100).toFixed(1)} %`,
-    ),
-  )
+    )
   const after = rows.slice(2)
   const total = (pick: (r: (typeof rows)[number]) => { read: number; write: number; input: number }) =>
     after.reduce(

@@ -9,6 +9,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { ConfigProvider, Effect, Exit, Redacted, Scope } from "effect"
 import { filesHolding } from "../test/harness/files.ts"
+import { alive } from "../test/harness/NatsServer.ts"
 import * as LocalNats from "./LocalNats.ts"
 import * as NatsProcess from "./NatsProcess.ts"
 import { dataDir as defaultDataDir } from "./tools.mjs"
@@ -51,15 +52,6 @@ const startWith = (dataDir: string, storeKey: string) =>
       LocalNats.LocalNatsSettings.layer({ dataDir, port: -1, storeKey: Redacted.make(storeKey) }),
     ),
   )
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
 /** A child process for the life of the scope (killed and awaited on release). */
 const child = (command: string, args: ReadonlyArray<string>) =>

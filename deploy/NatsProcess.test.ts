@@ -6,21 +6,13 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Scope } from "effect"
+import { alive } from "../test/harness/NatsServer.ts"
 import * as NatsProcess from "./NatsProcess.ts"
 
 const tempDir = Effect.acquireRelease(
   Effect.promise(() => mkdtemp(join(tmpdir(), "hangar-natsprocess-test-"))),
   (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
 )
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
 /**
  * Node arguments for a script that starts a server with `options` (never closing its scope),

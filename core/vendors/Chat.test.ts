@@ -511,7 +511,8 @@ describe("streamed turns", () => {
       expect(reply.item.tool_calls).toEqual([
         { id: "toolu_s", name: "bash", arguments: { command: "echo 'a b' | wc -c", env: { X: "1" } } },
       ])
-      const blocks = (reply.item.vendor?.data as { content: Array<Record<string, unknown>> }).content
+      const blocks =
+        (reply.item.vendor?.data as { content: Array<Record<string, unknown>> } | undefined)?.content ?? []
       expect(blocks[0]).toEqual({
         type: "thinking",
         thinking: "Let me count the bytes.",

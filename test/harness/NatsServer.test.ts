@@ -2,17 +2,8 @@ import { existsSync } from "node:fs"
 import { describe, expect, it, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { Nats } from "../../core/Nats.ts"
-import { layerWithNats, NatsServer, startNatsServer } from "./NatsServer.ts"
+import { alive, layerWithNats, NatsServer, startNatsServer } from "./NatsServer.ts"
 import { uniqueName, uniquePrefix } from "./names.ts"
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
 describe("startNatsServer", () => {
   it("starts a server with a temp store and removes both on stop (stop is idempotent)", async () => {

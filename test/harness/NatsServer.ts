@@ -117,7 +117,8 @@ export const startNatsServer = async (options: TestServerOptions = {}): Promise<
   }
 }
 
-const alive = (pid: number) => {
+/** Whether process `pid` runs (or is a zombie not yet reaped). */
+export const alive = (pid: number): boolean => {
   try {
     process.kill(pid, 0)
     return true
