@@ -166,17 +166,24 @@ export const around = <E, R>(
     // The outcome is recorded even when the client goes away mid-request (an interruption
     // releases the key at once rather than leaving a claim to go stale).
     // The claim is renewed while the request runs (a long ask), so only a dead gateway's goes stale.
+    // Only the sleep is interruptible: a renewal the server took always moves `claimRevision`, so
+    // the final write's compare-and-set is against the claim as it stands. A failed renewal is tried
+    // again at the next beat; a lost compare-and-set (a retry took the claim over) ends renewing.
+    const renewOnce = Effect.gen(function* () {
+      const at = yield* Clock.currentTimeMillis
+      claimRevision = yield* store.update(
+        key,
+        { request: fingerprint, state: "pending", at: claimedAt, claimed: at },
+        claimRevision,
+      )
+    }).pipe(Effect.uninterruptible)
     const renew = Effect.gen(function* () {
       for (;;) {
         yield* Effect.sleep(CLAIM_RENEW_MS)
-        const at = yield* Clock.currentTimeMillis
-        claimRevision = yield* store.update(
-          key,
-          { request: fingerprint, state: "pending", at: claimedAt, claimed: at },
-          claimRevision,
-        )
+        const renewed = yield* Effect.either(renewOnce)
+        if (renewed._tag === "Left" && renewed.left._tag === "StateConflict") return
       }
-    }).pipe(Effect.ignore)
+    })
     return yield* Effect.uninterruptibleMask((restore) =>
       Effect.gen(function* () {
         const renewing = yield* Effect.fork(restore(renew))

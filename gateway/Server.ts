@@ -64,7 +64,7 @@ const internalError = ApiError.internal()
  * (`AskTimeout`), answers the same.
  */
 export const UNREACHABLE_RETRY_AFTER_S = 2
-const unreachableReply = json(ApiError.internal("the service cannot reach its store just now; retry").body, {
+const unreachableReply = json(ApiError.internal("the service is not answering just now; retry").body, {
   status: 503,
   headers: { "retry-after": String(UNREACHABLE_RETRY_AFTER_S) },
 })
@@ -122,10 +122,8 @@ export const make = <R>(
     // A gateway without NATS (tests of the server alone) is always reachable.
     const nats = yield* Effect.serviceOption(Nats)
     const reachable = Option.isSome(nats) ? nats.value.reachable : () => true
-    // A failure while the server is away or frozen is the store's, not ours: 503, retry.
-    const storeUp = Option.isSome(nats)
-      ? () => nats.value.reachable() && nats.value.requests.responsive()
-      : () => true
+    // A failure while the store is away, frozen or just back is the store's, not ours: 503, retry.
+    const storeUp = Option.isSome(nats) ? nats.value.settled : () => true
     // Handler fibers belong to this set: closing the layer interrupts the ones still running.
     const run = yield* FiberSet.makeRuntime<R>()
     const router = Router.make(routes)

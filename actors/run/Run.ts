@@ -636,7 +636,11 @@ export const make = (deps: RunDeps) => {
                 Effect.mapError((e) => (e._tag === "KvValueInvalid" ? e : retryable("reading a command")(e))),
               )
             const record = Option.getOrUndefined(Option.map(found, (e) => e.value))
-            let done = record === undefined || endedCommandStates.has(record.state)
+            // Ended, or of a kind without a timeout (the run's own bounds it): nothing to watch.
+            let done =
+              record === undefined ||
+              endedCommandStates.has(record.state) ||
+              commandDeadline(record, s.ready_at) === undefined
             if (record !== undefined && !done) {
               const deadline = commandDeadline(record, s.ready_at)
               if (deadline !== undefined && deadline <= now) {
@@ -656,7 +660,12 @@ export const make = (deps: RunDeps) => {
                   ),
                 )
                 done = true
-                if (Option.isSome(failed) && failed.value.state === "failed" && run.host !== undefined) {
+                // Ours only if it carries our words (the host may have ended it failed meanwhile).
+                const ours =
+                  Option.isSome(failed) &&
+                  failed.value.state === "failed" &&
+                  failed.value.error === details.commandLost(commandTimeout(record) ?? 0, commandGraceMs)
+                if (ours && run.host !== undefined) {
                   yield* Effect.logWarning("command past its timeout: failed").pipe(
                     Effect.annotateLogs({ run: run.id, command: record.id, sequence: seq }),
                   )

@@ -381,7 +381,9 @@ export const assembler = (): Assembler => {
             const d = asRecord(e.delta)
             message.stop_reason = d.stop_reason
             message.stop_sequence = d.stop_sequence ?? null
-            message.usage = { ...asRecord(message.usage), ...asRecord(e.usage) }
+            // Only the counts this event has (it may send `null` for those it does not).
+            const counts = Object.entries(asRecord(e.usage)).filter(([, v]) => v !== null && v !== undefined)
+            message.usage = { ...asRecord(message.usage), ...Object.fromEntries(counts) }
           }
           break
         case "message_stop":

@@ -687,6 +687,34 @@ describe("OpenAI specifics", () => {
       }),
   )
 
+  it.scoped(
+    "without a reasoning item (a model not known to reason), output items go back without their ids",
+    () =>
+      Effect.gen(function* () {
+        const { fake, chat } = yield* over(OpenAiFake.make({ keys: [KEY] }))
+        fake.replyToolCalls(
+          [{ name: "bash", arguments: { command: "ls" }, id: "call_n" }],
+          {},
+          { text: "Looking." },
+        )
+        const first = yield* chat.reply(requestFor("openai", { model: "gpt-4.1" }))
+        fake.replyText("done")
+        const result: Item = {
+          role: "tool",
+          call_id: "call_n",
+          name: "bash",
+          content: [{ type: "text", text: "x" }],
+          is_error: false,
+        }
+        yield* chat.reply(requestFor("openai", { model: "gpt-4.1", items: [prompt, first.item, result] }))
+        const input = fake.lastChat().body.input as Array<Record<string, unknown>>
+        expect(input.slice(1, 3)).toEqual([
+          { role: "assistant", content: "Looking." },
+          { type: "function_call", call_id: "call_n", name: "bash", arguments: '{"command":"ls"}' },
+        ])
+      }),
+  )
+
   it.scoped("an item another vendor made is rebuilt from its text and calls", () =>
     Effect.gen(function* () {
       const { fake, chat } = yield* over(OpenAiFake.make({ keys: [KEY] }))

@@ -243,6 +243,27 @@ export const bodyOf = (req: ChatRequest, options: TurnOptions = {}): Record<stri
   }
 }
 
+/**
+ * The items to send back: as given when the turn's reasoning goes back with them; without their ids
+ * when it does not (a model not known to reason, so no encrypted reasoning came), since an output
+ * item's id tells OpenAI to expect the reasoning item that led to it.
+ */
+const withoutOrphanIds = (items: Array<unknown>): Array<unknown> => {
+  const records = items as Array<Record<string, unknown>>
+  if (records.some((i) => i.type === "reasoning")) return items
+  return records.map((i) => {
+    if (i.type === "message") {
+      const content = (i.content ?? []) as Array<Record<string, unknown>>
+      return { role: "assistant", content: content.map((c) => String(c.text ?? c.refusal ?? "")).join("") }
+    }
+    if (i.type === "function_call") {
+      const { id: _id, status: _status, ...call } = i
+      return call
+    }
+    return i
+  })
+}
+
 /** The reply for a decoded answer. */
 export const replyOf = (answer: typeof Response.Type): Effect.Effect<ChatReply, ChatError> => {
   if (answer.status === "failed") {
@@ -331,7 +352,7 @@ export const replyOf = (answer: typeof Response.Type): Effect.Effect<ChatReply, 
       role: "assistant",
       text: texts.join("\n"),
       tool_calls: calls,
-      vendor: { provider: "openai", data: { items: replay } },
+      vendor: { provider: "openai", data: { items: withoutOrphanIds(replay) } },
     },
     stop: calls.length > 0 ? "tool_calls" : answer.status === "incomplete" ? "max_tokens" : "end",
     usage: {

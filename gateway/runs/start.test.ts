@@ -273,12 +273,15 @@ describe("GET /v1/runs: the query", () => {
 })
 
 describe("when the actors do not answer", () => {
-  it("500 internal, and once they are back the memory hold is released and no run exists", async () => {
+  it("503 internal with Retry-After, and once they are back the memory hold is released and no run exists", async () => {
     const c = await createAccount(stack, { name: "outage" })
     const fn = await publish(stack, c, { name: "f" })
     await stack.stopActors()
     try {
-      expectRefused(await startRunAnswer(stack, c, fn.function), 500, "internal")
+      // The spec's retryable code, with the status and wait of a service that is busy, not broken.
+      const answer = await startRunAnswer(stack, c, fn.function)
+      expectRefused(answer, 503, "internal")
+      expect(answer.headers["retry-after"]).toBe("2")
     } finally {
       await stack.startActors()
     }

@@ -142,8 +142,12 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         // Reserved by this life but not yet running here: a placement that failed midway (the bus
         // went away between its sends) and came back; it goes on from where it stopped.
         const ours = placing.has(run.id)
+        // Running on another host (this one's placement lost to it): nothing of it is ours.
+        if (run.state === "running" && run.host !== host.id) {
+          if (placing.delete(run.id)) yield* capacity.release(run.id)
+          return
+        }
         if (run.state === "running" && !ours) {
-          if (run.host !== host.id) return
           // An earlier life of this agent took it; its machine went with that process.
           yield* Mailbox.send(
             Run,
@@ -213,6 +217,8 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
               return yield* place(message, d.seq)
             case "Stop": {
               const machine = held.get(message.run)
+              // A placement of this life that had not finished: its room goes back.
+              if (machine === undefined && placing.delete(message.run)) yield* capacity.release(message.run)
               if (machine === undefined) return yield* freed(message.run)
               yield* machine
                 .end()
