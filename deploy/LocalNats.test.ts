@@ -211,6 +211,21 @@ describe("LocalNats", () => {
           const again = yield* startWith(dataDir, key)
           expect(yield* firstMessage(again.url, "KEYED")).toBe(`value-${key.length}`)
         }
+        // Another key than the store was written with: refused, naming the store, the server stopped.
+        const keyed = yield* tempDataDir
+        const once = yield* Scope.make()
+        const server = yield* startWith(keyed, "a".repeat(40)).pipe(Scope.extend(once))
+        yield* publish(server.url, "KEYED", "x")
+        yield* Scope.close(once, Exit.void)
+        const wrong = yield* startWith(keyed, "b".repeat(40)).pipe(Effect.scoped, Effect.flip)
+        expect(wrong.message).toContain(`the store key does not open the store in ${join(keyed, "nats")}`)
+        expect(wrong.message).not.toContain("b".repeat(40))
+        expect(
+          yield* startWith(keyed, "a".repeat(40)).pipe(
+            Effect.flatMap((s) => firstMessage(s.url, "KEYED")),
+            Effect.scoped,
+          ),
+        ).toBe("x")
         const short = "s".repeat(31)
         const error = yield* startWith(yield* tempDataDir, short).pipe(Effect.scoped, Effect.flip)
         expect(error.message).toContain("at least 32 bytes")

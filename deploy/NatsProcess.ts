@@ -108,6 +108,9 @@ const STDERR_KEEP = 16 * 1024
 // Waiting for a real process is real time: a TestClock (as in `it.effect`) must not freeze it.
 const liveClock = Clock.make()
 
+/** What nats-server logs for a stream its key does not open. */
+const undecryptable = "Error decrypting our stream metafile"
+
 /** The environment variable that hands the server its store key. */
 export const storeKeyVariable = "HANGAR_NATS_STORE_KEY_FOR_SERVER"
 
@@ -303,6 +306,14 @@ export const start = (
       Effect.mapError((e) => e ?? fail("nats-server did not start")),
       Effect.withClock(liveClock),
     )
+    // A key that does not open the store: the server starts, warns, and serves none of its streams
+    // (a first write would then fail, or make an empty stream beside the unreadable one). Refused.
+    if (stderr.includes(undecryptable))
+      return yield* Effect.fail(
+        fail(
+          `the store key does not open the store in ${options.storeDir} (was HANGAR_NATS_STORE_KEY or the key file changed?); nothing was started`,
+        ),
+      )
     yield* Effect.logDebug("nats-server started").pipe(Effect.annotateLogs({ pid, url: listening.url }))
     return { url: listening.url, port: listening.port, storeDir: options.storeDir, pid }
   })
