@@ -60,8 +60,7 @@ const internalError = ApiError.internal()
  * While NATS is unreachable: `503` with `Retry-After`, and the code `internal` that the spec tells
  * clients to retry (the spec has no code of its own for it), instead of each request waiting for
  * its own timeout and failing `500`; a request that failed while the store was not settled (down,
- * frozen, or back less than 10 s: `Nats.settled`), or because an actor did not answer in time
- * (`AskTimeout`), answers the same.
+ * frozen, back less than 10 s, or an actor's ask unanswered: `Nats.settled`) answers the same.
  */
 export const UNREACHABLE_RETRY_AFTER_S = 2
 const unreachableReply = json(ApiError.internal("the service is not answering just now; retry").body, {
@@ -95,12 +94,6 @@ const replyForCause = (cause: Cause.Cause<unknown>, reachable: () => boolean): E
   }
   if (!reachable())
     return Effect.as(Effect.logWarning("request failed while NATS is unreachable", cause), unreachableReply)
-  // An actor that did not answer in time (a worker restarting, a store just back): busy, not broken.
-  if (Option.isSome(failure) && (failure.value as { _tag?: unknown } | null)?._tag === "AskTimeout")
-    return Effect.as(
-      Effect.logWarning("request failed: an actor did not answer in time", cause),
-      unreachableReply,
-    )
   return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
 }
 

@@ -191,6 +191,13 @@ const agentFunction = (definition: Record<string, unknown> = {}) =>
     ...definition,
   })
 
+/** A `bash` tool call writing `text` into the run's output file, `result.txt`. */
+const writeOutput = (id: string, text: string) => ({
+  id,
+  name: "bash",
+  arguments: { command: `mkdir -p /workspace/out && echo ${text} > /workspace/out/result.txt` },
+})
+
 /** The run's commands, in sequence order. */
 const commandsOf = async (run: string): Promise<Array<Json>> => {
   const list = expectStatus(
@@ -380,11 +387,7 @@ describe("the agent with OpenAI", () => {
       { id: "e4", name: "submit_result", arguments: {} },
     ])
     openai.replyToolCalls([
-      {
-        id: "ok",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo x > /workspace/out/result.txt" },
-      },
+      writeOutput("ok", "x"),
       { id: "s", name: "submit_result", arguments: { summary: "fine" } },
     ])
     const started = await startRun(stack, acct, fn.function)
@@ -464,11 +467,7 @@ describe("the agent with OpenAI", () => {
   it("a turn whose stream is cut mid-way is asked again and counted once", async () => {
     const fn = await agentFunction()
     const from = openai.chats().length
-    const write = {
-      id: "cut_1",
-      name: "bash",
-      arguments: { command: "mkdir -p /workspace/out && echo streamed > /workspace/out/result.txt" },
-    }
+    const write = writeOutput("cut_1", "streamed")
     openai.replyToolCalls([write], usage({ input_tokens: 100, output_tokens: 10 }), { cutAfter: 3 })
     openai.replyToolCalls([write], usage({ input_tokens: 100, output_tokens: 10 }))
     openai.replyToolCalls(
@@ -498,13 +497,7 @@ describe("the agent with OpenAI", () => {
     // Armed once the run is ready, so the catalog and other requests are not hit.
     await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
     openai.failNext(2, { status: 503, json: { error: { message: "overloaded", type: "server_error" } } })
-    openai.replyToolCalls([
-      {
-        id: "b",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo ok > /workspace/out/result.txt" },
-      },
-    ])
+    openai.replyToolCalls([writeOutput("b", "ok")])
     openai.replyToolCalls([{ id: "s", name: "submit_result", arguments: { summary: "after retries" } }])
     const run = await ended(started.id, "succeeded")
     expect(run.message).toBe("after retries")
@@ -521,13 +514,7 @@ describe("the other vendors", () => {
       const fn = await agentFunction({ provider: providers[vendor] })
       const from = fake.chats().length
       fake.replyToolCalls(
-        [
-          {
-            id: "toolu_1",
-            name: "bash",
-            arguments: { command: `mkdir -p /workspace/out && echo ${vendor} > /workspace/out/result.txt` },
-          },
-        ],
+        [writeOutput("toolu_1", `${vendor}`)],
         usage({
           input_tokens: 70,
           cache_read_tokens: 5,
@@ -575,13 +562,7 @@ describe("quotas and rate limits", () => {
     await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
     const from = google.requests.length
     google.failNext(1, GoogleFake.rateLimited("1s"))
-    google.replyToolCalls([
-      {
-        id: "q1",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo ok > /workspace/out/result.txt" },
-      },
-    ])
+    google.replyToolCalls([writeOutput("q1", "ok")])
     google.replyToolCalls([{ id: "q2", name: "submit_result", arguments: { summary: "after the wait" } }])
     const run = await ended(started.id, "succeeded")
     expect(run.message).toBe("after the wait")
@@ -610,13 +591,7 @@ describe("google web search with functions", () => {
     ] as const) {
       const fn = await agentFunction({ provider, tools: ["bash", "read", "write", "edit", "web_search"] })
       const from = google.chats().length
-      google.replyToolCalls([
-        {
-          id: "w1",
-          name: "bash",
-          arguments: { command: "mkdir -p /workspace/out && echo found > /workspace/out/result.txt" },
-        },
-      ])
+      google.replyToolCalls([writeOutput("w1", "found")])
       google.replyToolCalls([{ id: "w2", name: "submit_result", arguments: { summary: "searched" } }])
       const started = await startRun(stack, acct, fn.function)
       const run = await ended(started.id, "succeeded")
@@ -662,11 +637,7 @@ describe("screenshots, web search and compaction", () => {
     ])
     openai.replyToolCalls([{ id: "shot", name: "screenshot", arguments: {} }], usage({ web_searches: 2 }))
     openai.replyToolCalls([
-      {
-        id: "w",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo seen > /workspace/out/result.txt" },
-      },
+      writeOutput("w", "seen"),
       { id: "s", name: "submit_result", arguments: { summary: "looked" } },
     ])
     const started = await startRun(stack, acct, fn.function)
@@ -703,11 +674,7 @@ describe("screenshots, web search and compaction", () => {
     ])
     openai.replyToolCalls([{ id: "look", name: "read", arguments: { file_path: "/tmp/p.jpg" } }])
     openai.replyToolCalls([
-      {
-        id: "w",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo seen > /workspace/out/result.txt" },
-      },
+      writeOutput("w", "seen"),
       { id: "s", name: "submit_result", arguments: { summary: "looked" } },
     ])
     const started = await startRun(stack, acct, fn.function)
@@ -722,16 +689,7 @@ describe("screenshots, web search and compaction", () => {
     const fn = await agentFunction()
     const from = openai.chats().length
     // 9000 + 100 tokens of context: past the provider's 8000.
-    openai.replyToolCalls(
-      [
-        {
-          id: "w",
-          name: "bash",
-          arguments: { command: "mkdir -p /workspace/out && echo long > /workspace/out/result.txt" },
-        },
-      ],
-      usage({ input_tokens: 9000, output_tokens: 100 }),
-    )
+    openai.replyToolCalls([writeOutput("w", "long")], usage({ input_tokens: 9000, output_tokens: 100 }))
     openai.replyText(
       "SUMMARY: result.txt is written; submit next.",
       usage({ input_tokens: 9100, output_tokens: 20 }),
@@ -795,13 +753,7 @@ describe("custom tools", () => {
       { id: "t3", name: "broken", arguments: {} },
       { id: "t4", name: "slow", arguments: {} },
     ])
-    openai.replyToolCalls([
-      {
-        id: "b",
-        name: "bash",
-        arguments: { command: "mkdir -p /workspace/out && echo sunny > /workspace/out/result.txt" },
-      },
-    ])
+    openai.replyToolCalls([writeOutput("b", "sunny")])
     openai.replyToolCalls([{ id: "s", name: "submit_result", arguments: { summary: "checked the weather" } }])
     const started = await startRun(stack, acct, fn.function)
     await ended(started.id, "succeeded")

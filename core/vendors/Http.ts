@@ -161,28 +161,17 @@ const exchange = <A, I, R>(
       ...(retryAfterMs === undefined ? {} : { retryAfterMs }),
     })
   const decode = Schema.decodeUnknown(schema, { onExcessProperty: "ignore" })
-  const timeout = <X, E2>(what: string) =>
-    Effect.timeoutFail<E2 | VendorUnavailable>({
-      duration: Duration.millis(endpoint.timeoutMs),
-      onTimeout: () => unavailable(0, `${what} within ${endpoint.timeoutMs} ms`),
-    }) as <R2>(self: Effect.Effect<X, E2, R2>) => Effect.Effect<X, E2 | VendorUnavailable, R2>
+  const transport = (error: HttpClientError.HttpClientError) => unavailable(0, describeTransport(error))
+  const isStreamed = (response: HttpClientResponse.HttpClientResponse) =>
+    assembler !== undefined &&
+    response.status >= 200 &&
+    response.status < 300 &&
+    (response.headers["content-type"] ?? "").startsWith("text/event-stream")
   // A streamed answer is read event by event, each within the timeout (a long answer that keeps
-  // coming is not cut); a whole one within the timeout.
-  const read = (response: HttpClientResponse.HttpClientResponse) => {
-    const streamed =
-      assembler !== undefined &&
-      response.status >= 200 &&
-      response.status < 300 &&
-      (response.headers["content-type"] ?? "").startsWith("text/event-stream")
-    if (!streamed)
-      return response.text.pipe(
-        Effect.map((text) => parseJson(text)),
-        Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
-        timeout<unknown, VendorUnavailable>("no answer"),
-      )
-    const assembling = assembler()
-    return sseEvents(Stream.decodeText(response.stream)).pipe(
-      Stream.mapError((error) => unavailable(0, describeTransport(error))),
+  // coming is not cut).
+  const readStream = (response: HttpClientResponse.HttpClientResponse, assembling: Assembler) =>
+    sseEvents(Stream.decodeText(response.stream)).pipe(
+      Stream.mapError(transport),
       Stream.timeoutFail(
         () => unavailable(0, `no event of the answer within ${endpoint.timeoutMs} ms`),
         Duration.millis(endpoint.timeoutMs),
@@ -198,12 +187,28 @@ const exchange = <A, I, R>(
           : Effect.succeed(whole)
       }),
     )
-  }
   return http.execute(request).pipe(
-    Effect.catchAll((error) => Effect.fail(unavailable(0, describeTransport(error)))),
-    timeout<HttpClientResponse.HttpClientResponse, VendorUnavailable>("no answer"),
+    Effect.mapError(transport),
+    // A whole answer within the timeout, headers and body together; a stream's first bytes too.
     Effect.flatMap((response) =>
-      Effect.map(read(response), (body) => ({ status: response.status, body, headers: response.headers })),
+      isStreamed(response)
+        ? Effect.succeed({ response, whole: Option.none<unknown>() })
+        : response.text.pipe(
+            Effect.mapError(transport),
+            Effect.map((text) => ({ response, whole: Option.some(parseJson(text)) })),
+          ),
+    ),
+    Effect.timeoutFail({
+      duration: Duration.millis(endpoint.timeoutMs),
+      onTimeout: () => unavailable(0, `no answer within ${endpoint.timeoutMs} ms`),
+    }),
+    Effect.flatMap(({ response, whole }) =>
+      Effect.map(
+        Option.isSome(whole) || assembler === undefined
+          ? Effect.succeed(Option.getOrUndefined(whole))
+          : readStream(response, assembler()),
+        (body) => ({ status: response.status, body, headers: response.headers }),
+      ),
     ),
     Effect.scoped,
     Effect.flatMap(({ status, body, headers }): Effect.Effect<A, Sorted<R>> => {

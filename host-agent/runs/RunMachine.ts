@@ -199,9 +199,15 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
       Schedule.either(Schedule.spaced("5 seconds")),
       Schedule.upTo("10 minutes"),
     )
+    /** Tries again while NATS does not take the call (a restart of nats-server), up to 10 minutes. */
+    const whileStoreAway = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+      Effect.retry(effect, {
+        schedule: untilTaken,
+        while: (e) => (e as { _tag?: string })._tag === "NatsError",
+      })
     const send = <E, R>(what: string, effect: Effect.Effect<void, E, R>) =>
       effect.pipe(
-        Effect.retry({ schedule: untilTaken, while: (e) => (e as { _tag?: string })._tag === "NatsError" }),
+        whileStoreAway,
         Effect.catchAllCause((cause) =>
           Effect.logError(`could not tell ${what}`).pipe(
             Effect.annotateLogs({ run: runId, cause: Cause.pretty(cause) }),
@@ -249,7 +255,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         }
         return false
       }).pipe(
-        Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+        whileStoreAway,
         Effect.catchAll((e) =>
           Effect.as(
             Effect.logWarning("command record not written").pipe(
@@ -340,7 +346,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         const basesDir = (yield* BasesSettings.Tag).dir
         const version = yield* functions.version(run.function, run.version).pipe(
           // Read again while the store is away (a restart of nats-server), not failed at once.
-          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+          whileStoreAway,
           Effect.mapError((e) =>
             lifeFailed("infrastructure", `reading the function version: ${describe(e)}`),
           ),
@@ -397,9 +403,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         )
 
         // Input.
-        const files = yield* ObjectStore.make(names.objects.files.name).pipe(
-          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
-        )
+        const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
         const inputFailure = (e: { readonly _tag: string }) =>
           e instanceof Inputs.InputFailed
             ? lifeFailed("input", e.detail)
@@ -427,7 +431,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           if ("value" in v) env[v.name] = v.value
           else {
             const opened = yield* secrets.open(run.account, v.secret_id).pipe(
-              Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+              whileStoreAway,
               Effect.mapError((e) =>
                 lifeFailed("infrastructure", `opening the secret of ${v.name}: ${describe(e)}`),
               ),
@@ -455,9 +459,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
         yield* log.append("ready")
 
         // Commands.
-        const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(
-          Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
-        )
+        const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
         const context: CommandContext = {
           account: run.account,
           env,
@@ -549,7 +551,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
               name: runId,
             }).pipe(
               // Packed again (into the same object) while the store is away; the guest's files stay.
-              Effect.retry({ schedule: untilTaken, while: (e) => e._tag === "NatsError" }),
+              whileStoreAway,
               Effect.tapError((e) =>
                 Effect.zipRight(
                   finishRecord(t, { state: "failed", error: `packing the output failed: ${describe(e)}` }),

@@ -355,17 +355,17 @@ const quotaHelp = {
 const quotaMessage =
   "You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits."
 
-/** 429 for a per-minute limit: a `QuotaFailure` naming the per-minute quota, and `RetryInfo`. */
-export const rateLimited = (retryDelay = "1s"): Reply =>
+/** A 429 `RESOURCE_EXHAUSTED` naming the quota spent (`QuotaFailure`) and the wait (`RetryInfo`). */
+const exhausted = (quotaId: string, quotaValue: string, retryDelay: string): Reply =>
   error(429, "RESOURCE_EXHAUSTED", quotaMessage, [
     {
       "@type": "type.googleapis.com/google.rpc.QuotaFailure",
       violations: [
         {
           quotaMetric: "generativelanguage.googleapis.com/generate_content_free_tier_requests",
-          quotaId: "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+          quotaId,
           quotaDimensions: { location: "global", model: "gemini-2.5-pro" },
-          quotaValue: "5",
+          quotaValue,
         },
       ],
     },
@@ -373,23 +373,13 @@ export const rateLimited = (retryDelay = "1s"): Reply =>
     { "@type": "type.googleapis.com/google.rpc.RetryInfo", retryDelay },
   ])
 
-/** 429 for a daily quota spent: the per-day `QuotaFailure` (its `RetryInfo` points at tomorrow). */
+/** 429 for a per-minute limit: waiting its `RetryInfo` helps. */
+export const rateLimited = (retryDelay = "1s"): Reply =>
+  exhausted("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "5", retryDelay)
+
+/** 429 for a daily quota spent (its `RetryInfo` points at a retry that will not help today). */
 export const quotaExhausted = (): Reply =>
-  error(429, "RESOURCE_EXHAUSTED", quotaMessage, [
-    {
-      "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-      violations: [
-        {
-          quotaMetric: "generativelanguage.googleapis.com/generate_content_free_tier_requests",
-          quotaId: "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
-          quotaDimensions: { location: "global", model: "gemini-2.5-pro" },
-          quotaValue: "50",
-        },
-      ],
-    },
-    quotaHelp,
-    { "@type": "type.googleapis.com/google.rpc.RetryInfo", retryDelay: "41s" },
-  ])
+  exhausted("GenerateRequestsPerDayPerProjectPerModel-FreeTier", "50", "41s")
 
 /** The 400 Google answers for a wrong key. */
 export const invalidKey = (): Reply => {
