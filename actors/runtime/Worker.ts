@@ -51,7 +51,13 @@ export class WorkerFaults extends Context.Tag("hangar/actors/WorkerFaults")<
   WorkerFaults,
   {
     readonly crashAt: CrashPoint
-    readonly match?: (info: { readonly id: string; readonly tag: string; readonly seq: number }) => boolean
+    /** `group` is how many messages the crashing step applies together. */
+    readonly match?: (info: {
+      readonly id: string
+      readonly tag: string
+      readonly seq: number
+      readonly group: number
+    }) => boolean
   }
 >() {}
 

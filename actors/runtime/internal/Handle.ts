@@ -63,7 +63,7 @@ export interface PartitionRuntime {
    */
   readonly fault?: (
     point: CrashPoint,
-    info: { readonly id: string; readonly tag: string; readonly seq: number },
+    info: { readonly id: string; readonly tag: string; readonly seq: number; readonly group: number },
   ) => Effect.Effect<void>
 }
 
@@ -273,9 +273,11 @@ const crashPoint = (
 ) =>
   rt.fault === undefined
     ? Effect.void
-    : Effect.forEach(steps, ({ d, step }) => rt.fault!(point, { id, tag: step.messageTag, seq: d.seq }), {
-        discard: true,
-      })
+    : Effect.forEach(
+        steps,
+        ({ d, step }) => rt.fault!(point, { id, tag: step.messageTag, seq: d.seq, group: steps.length }),
+        { discard: true },
+      )
 
 /** Runs the handler for one new message on `record`, turning its result into the next record. */
 const applyOne = (
