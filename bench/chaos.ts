@@ -8,6 +8,7 @@
  * comes back 3 s later (the SIGSTOP lasts 15 s).
  *
  * Printed per fault: runs that succeeded, runs lost (failed, with their causes), 500s a client saw,
+ * commands that ended failed (a restarted host agent ends the ones it had in flight so),
  * commands applied more than once, whether each run's billed minutes equal its started minutes, the
  * round's wall time, and what was left on the host. Prints figures; asserts nothing.
  *
@@ -134,6 +135,8 @@ interface RunOutcome {
   readonly failure?: string
   readonly detail?: string
   readonly commands: number
+  /** Commands that ended `failed` (a host agent restart ends the ones it had so). */
+  readonly failedCommands: number
   readonly billedOk: boolean
 }
 
@@ -146,7 +149,8 @@ const oneRun = async (
 ): Promise<RunOutcome> => {
   const h = acct.admin as Record<string, string>
   const started = await ask(stack, seen, "POST", `/v1/functions/${fn}/runs`, h, { prompt: "go" })
-  if (started.status !== 201) return { state: `not started (${started.status})`, commands: 0, billedOk: true }
+  if (started.status !== 201)
+    return { state: `not started (${started.status})`, commands: 0, failedCommands: 0, billedOk: true }
   const run = started.body.id as string
   stack.runs.add(run)
   for (let i = 1; i <= commands; i++) {
@@ -185,6 +189,7 @@ const oneRun = async (
     ...(final.failure === undefined ? {} : { failure: final.failure }),
     ...(final.detail === undefined ? {} : { detail: final.detail }),
     commands: list.commands.length,
+    failedCommands: list.commands.filter((c: { state: string }) => c.state === "failed").length,
     billedOk: billed === startedMinutes,
   }
 }
@@ -232,7 +237,8 @@ const round = async (fault: Fault) => {
       ),
     ]
     const billed = outcomes.every((o) => o.billedOk)
-    return { ok, lost: runs - ok, causes, details, twice, billed, wall, seen, stack }
+    const failedCommands = outcomes.reduce((n, o) => n + o.failedCommands, 0)
+    return { ok, lost: runs - ok, causes, details, twice, failedCommands, billed, wall, seen, stack }
   } finally {
     leftovers = await stack.close()
     if (leftovers.length > 0) console.log(`  ${fault}: left on the host: ${leftovers.join(", ")}`)
@@ -241,9 +247,9 @@ const round = async (fault: Fault) => {
 
 console.log(`rounds of ${runs} runs at once, ${commands} commands each, a process per role`)
 console.log(
-  "| Fault | Runs ok | Runs lost | Lost as | 500s seen | Commands applied twice | Ledger = started minutes | Round |",
+  "| Fault | Runs ok | Runs lost | Lost as | 500s seen | Commands applied twice | Commands failed | Ledger = started minutes | Round |",
 )
-console.log("|---|---|---|---|---|---|---|---|")
+console.log("|---|---|---|---|---|---|---|---|---|")
 const notes: Array<string> = []
 for (const fault of wanted) {
   const r = await round(fault)
@@ -251,7 +257,7 @@ for (const fault of wanted) {
   for (const w of r.seen.where) notes.push(`${fault}: 500 for ${w}`)
   const causes = [...r.causes].map(([c, n]) => `${n} ${c}`).join(", ") || "—"
   console.log(
-    `| ${fault} | ${r.ok} | ${r.lost} | ${causes} | ${r.seen.fiveHundreds} | ${r.twice} | ${r.billed ? "yes" : "no"} | ${(r.wall / 1000).toFixed(1)} s |`,
+    `| ${fault} | ${r.ok} | ${r.lost} | ${causes} | ${r.seen.fiveHundreds} | ${r.twice} | ${r.failedCommands} | ${r.billed ? "yes" : "no"} | ${(r.wall / 1000).toFixed(1)} s |`,
   )
 }
 for (const note of notes) console.log(`  ${note}`)

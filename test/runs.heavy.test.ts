@@ -8,15 +8,20 @@
  * - a webhook receiver (HTTPS on loopback with a self-signed certificate, allowed by the test-only
  *   settings) that fails twice then succeeds gets the run's event three times under one id, each
  *   attempt signed (checked with node:crypto's Ed25519, not with our signing code);
- * - a queue timeout: a run that finds no room fails `infrastructure` after the (short) wait.
+ * - a queue timeout: a run that finds no room fails `infrastructure` after the (short) wait;
+ * - a host agent SIGKILLed and started again adopts its runs' machines (the runs go on, the
+ *   commands it had end failed, their processes killed); a machine that died meanwhile is removed
+ *   and its run failed at once; a host agent that never comes back has its runs failed once the
+ *   host is judged gone, and the next one sweeps what it left.
  */
 import { spawnSync } from "node:child_process"
 import { createPublicKey, verify } from "node:crypto"
-import { mkdtemp, rm } from "node:fs/promises"
+import { mkdtemp, readFile, rm, stat } from "node:fs/promises"
 import { createServer, type Server } from "node:https"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { leftovers } from "../host-agent/machines/namespace/testing.ts"
 import { minutePriceUsdNanos, sizes } from "../schema/Limits.ts"
 import {
@@ -294,7 +299,14 @@ describe("every role in its own process (hangar serve <role>)", () => {
   let acct: TestAccount
 
   beforeAll(async () => {
-    stack = await startStack({ hostVcpus: 2, minuteMs: minuteMs, queueTimeoutMs: 600_000, processes: true })
+    // Log parts every second: the adoption test waits for the earlier life's first part.
+    stack = await startStack({
+      hostVcpus: 2,
+      minuteMs: minuteMs,
+      queueTimeoutMs: 600_000,
+      processes: true,
+      logFlushMs: 1_000,
+    })
     acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
   }, 120_000)
 
@@ -306,37 +318,154 @@ describe("every role in its own process (hangar serve <role>)", () => {
     400_000,
   )
 
-  it("a host agent SIGKILLed and started again removes its earlier life's machine and fails that run at once", async () => {
-    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+  // Billed for the minutes it ran, no more.
+  const billedMinutes = async (run: string) => {
+    const usage = await call(stack, "GET", "/v1/usage", acct.owner)
+    const entries = usage.body.entries.filter((e: Json) => e.run === run)
+    return entries.reduce((n: number, e: Json) => n + e.through_minute - e.from_minute + 1, 0)
+  }
+  const ranMinutes = (ended: Json) =>
+    Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / minuteMs))
+  // A run of its own, with a file written and a command left sleeping in it.
+  const busyRun = async (fn: Json) => {
     const run = (await startRun(stack, acct, fn.function)).id
-    expect((await command(stack, acct, run, "bash", { command: "echo up" })).state).toBe("succeeded")
+    expect((await command(stack, acct, run, "bash", { command: "echo kept > /workspace/state" })).state).toBe(
+      "succeeded",
+    )
     const sleeper = await sendCommandAnswer(stack, acct, run, "bash", { command: "sleep 600" })
     expect(sleeper.status).toBe(201)
+    await waitCommandRunning(stack, acct, run, sleeper.body.id)
+    return { run, sleeper: sleeper.body.id as string }
+  }
+
+  it("a host agent SIGKILLed and started again adopts its runs' machines: the runs go on, the commands it had end failed", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const { run, sleeper } = await busyRun(fn)
+    // Lines not yet stored as a part go with a killed process; wait until the first part is stored.
+    const deadline = Date.now() + 30_000
+    while ((await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)).body.parts.length === 0) {
+      if (Date.now() > deadline) throw new Error("no log part was stored")
+      await new Promise((r) => setTimeout(r, 100))
+    }
     await stack.killHost()
     // Killed outright: the machine outlives its agent.
     expect(await leftovers(machineIdOf(run))).not.toEqual([])
+    // A command sent while no host agent is there: it comes after the restart and ends failed too
+    // (whether the earlier life took it is not known).
+    const meanwhile = await sendCommandAnswer(stack, acct, run, "bash", { command: "echo meanwhile" })
+    expect(meanwhile.status).toBe(201)
     await stack.startHost()
-    // Failed by the new life at its start, not by the run's 600-minute time-out.
+    for (const id of [sleeper, meanwhile.body.id]) {
+      const ended = await waitCommand(stack, acct, run, id)
+      expect(ended, problems(stack)).toMatchObject({
+        state: "failed",
+        error: expect.stringContaining("host agent restarted"),
+      })
+    }
+    // The same machine: the file is there, the earlier life's sleep is not.
+    const after = await command(stack, acct, run, "bash", {
+      command:
+        "cat /workspace/state; for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -cx sleep || true",
+    })
+    expect(after.result.output).toBe("kept\n0\n")
+    expect((await call(stack, "GET", `/v1/runs/${run}`, acct.owner)).body.state).toBe("running")
+    await command(stack, acct, run, "bash", { command: "echo done > /workspace/out/result.txt" })
+    expect((await command(stack, acct, run, "finish", { state: "succeeded" })).result).toEqual({
+      accepted: true,
+    })
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
+    expect(ended, problems(stack)).toMatchObject({ state: "succeeded", output: { file_count: 1 } })
+    // The log goes on after the earlier life's parts (none is written over): its lines and the adoption.
+    const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
+    expect(log.status).toBe(200)
+    const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
+      .flatMap((p) => p.data.toString("utf8").split("\n"))
+      .filter((l) => l !== "")
+      .map((l) => JSON.parse(l).kind)
+    expect(lines).toEqual(expect.arrayContaining(["machine", "ready", "adopted", "finish", "end"]))
+    expect(lines.indexOf("ready")).toBeLessThan(lines.indexOf("adopted"))
+    expect(await leftovers(machineIdOf(run))).toEqual([])
+    expect(await billedMinutes(run)).toBe(ranMinutes(ended))
+  }, 180_000)
+
+  it("a host agent SIGKILLed while a run's machine is set up: the next one starts the run over on a new machine", async () => {
+    // Setup writes a mark and takes a while: the kill comes while it runs, before the run is ready.
+    const fn = await publish(stack, acct, {
+      timeout_minutes: 600,
+      setup: ["echo set-up >> /workspace/setups; sleep 2"],
+    })
+    const run = (await startRun(stack, acct, fn.function)).id
+    const started = await waitRun(stack, acct, run, { until: (r) => r.state === "running" })
+    expect(started.state).toBe("running")
+    const deadline = Date.now() + 30_000
+    while ((await leftovers(machineIdOf(run))).length === 0 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 20))
+    await stack.killHost()
+    await stack.startHost()
+    // A new machine: setup ran once on it (the first machine's mark went with that machine).
+    const after = await command(stack, acct, run, "bash", { command: "cat /workspace/setups" })
+    expect(after, problems(stack)).toMatchObject({ state: "succeeded", result: { output: "set-up\n" } })
+    await command(stack, acct, run, "bash", { command: "echo done > /workspace/out/result.txt" })
+    expect((await command(stack, acct, run, "finish", { state: "succeeded" })).result).toEqual({
+      accepted: true,
+    })
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
+    expect(ended, problems(stack)).toMatchObject({ state: "succeeded" })
+    const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
+    const machines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
+      .flatMap((p) => p.data.toString("utf8").split("\n"))
+      .filter((l) => l !== "")
+      .map((l) => JSON.parse(l))
+      .filter((l) => l.kind === "machine")
+    expect(machines.at(-1)).toMatchObject({ started_over: true })
+    expect(await leftovers(machineIdOf(run))).toEqual([])
+    expect(await billedMinutes(run)).toBe(ranMinutes(ended))
+  }, 180_000)
+
+  it("a machine that died with its host agent is removed by the next one, and its run failed at once", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const { run, sleeper } = await busyRun(fn)
+    await stack.killHost()
+    // The machine's first process (its sshd) goes too: nothing is left to adopt.
+    const keptFile = join(NamespaceDriverSettings.defaults.machinesDir, machineIdOf(run), "kept.json")
+    // What a later life needs is kept for root alone, the login key sealed.
+    expect((await stat(keptFile)).mode & 0o777).toBe(0o600)
+    const text = await readFile(keptFile, "utf8")
+    expect(text).not.toContain("PRIVATE KEY")
+    const kept = JSON.parse(text)
+    process.kill(Number(kept.machine.handle.pid), "SIGKILL")
+    await stack.startHost()
     const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
     expect(ended, problems(stack)).toMatchObject({
       state: "failed",
       failure: "infrastructure",
       detail: expect.stringContaining("host agent restarted"),
     })
-    expect((await waitCommand(stack, acct, run, sleeper.body.id)).state).toBe("cancelled")
+    expect((await waitCommand(stack, acct, run, sleeper)).state).toBe("cancelled")
     expect(await leftovers(machineIdOf(run))).toEqual([])
-    // Billed for the minutes it ran, no more.
-    const usage = await call(stack, "GET", "/v1/usage", acct.owner)
-    const entries = usage.body.entries.filter((e: Json) => e.run === run)
-    const minutes = entries.reduce((n: number, e: Json) => n + e.through_minute - e.from_minute + 1, 0)
-    const ranMs = Date.parse(ended.ended_at) - Date.parse(ended.started_at)
-    expect(minutes).toBe(Math.max(1, Math.ceil(ranMs / minuteMs)))
+    expect(await billedMinutes(run)).toBe(ranMinutes(ended))
     // The host takes new runs again.
     const next = (await startRun(stack, acct, fn.function)).id
     expect((await command(stack, acct, next, "bash", { command: "echo again" })).result.output).toBe(
       "again\n",
     )
     await command(stack, acct, next, "finish", { state: "failed" })
+  }, 180_000)
+
+  it("a host agent that does not come back: its runs fail infrastructure, and the next one on the host sweeps what it left", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 600 })
+    const { run } = await busyRun(fn)
+    await stack.killHost()
+    // Failed once the host is judged gone (no heartbeat for the stale window), not at the run's time-out.
+    const ended = await waitRun(stack, acct, run, { timeoutMs: 90_000 })
+    expect(ended, problems(stack)).toMatchObject({ state: "failed", failure: "infrastructure" })
+    expect(await billedMinutes(run)).toBe(ranMinutes(ended))
+    expect(await leftovers(machineIdOf(run))).not.toEqual([])
+    await stack.startHost()
+    const deadline = Date.now() + 30_000
+    while ((await leftovers(machineIdOf(run))).length > 0 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 200))
+    expect(await leftovers(machineIdOf(run))).toEqual([])
   }, 180_000)
 })
 

@@ -153,10 +153,38 @@ for ((i = 0; i < 1000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]
 echo "end $rc $((oom - oom0))" >&3
 `
 
+// Kills everything in a command cgroup until it is empty.
+const killLoop = `for ((i = 0; i < 2000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -eq 0 ] && break; kill -9 "\${ps[@]}" 2>/dev/null; sleep 0.005; done`
+
 // Kills everything in the command's cgroup until it is empty (the slot is not reused before the
 // command's channel closes, so nothing else can be in it).
-const killCommand = (k: number) =>
-  `cg=/sys/fs/cgroup/memory/p${k}; for ((i = 0; i < 2000; i++)); do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -eq 0 ] && exit 0; kill -9 "\${ps[@]}" 2>/dev/null; sleep 0.005; done`
+const killCommand = (k: number) => `cg=/sys/fs/cgroup/memory/p${k}; ${killLoop}`
+
+/**
+ * Kills every process left in any command slot by an earlier session (a host agent that died with
+ * commands running: their processes outlive its connection). Only for a session that has run no
+ * command yet, whose own slots are all empty.
+ */
+export const killLeftovers = (guest: GuestSession): Effect.Effect<void, GuestUnavailable> =>
+  Effect.flatMap(
+    guest.channel(`for cg in /sys/fs/cgroup/memory/p*; do [ -d "$cg" ] || continue; ${killLoop}; done`),
+    ({ channel, exit }) =>
+      Effect.tryPromise({
+        try: () => {
+          channel.resume()
+          channel.stderr.resume()
+          channel.end()
+          return exit
+        },
+        catch: unavailable,
+      }),
+  ).pipe(
+    Effect.flatMap((ended) =>
+      ended.code === 0
+        ? Effect.void
+        : Effect.fail(new GuestUnavailable({ detail: `clearing earlier commands exited ${ended.code}` })),
+    ),
+  )
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
 

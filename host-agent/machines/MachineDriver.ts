@@ -5,10 +5,10 @@
  * (Linux namespaces and cgroups) and, later, `qemu`.
  */
 
-import { readdir, readFile, writeFile } from "node:fs/promises"
+import { chmod, mkdir, readdir, readFile, rename, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import type { Scope } from "effect"
-import { Context, Data, Effect } from "effect"
+import { Context, Data, Effect, Option } from "effect"
 import ssh2 from "ssh2"
 
 /** A machine size name from the spec's size table. */
@@ -91,7 +91,123 @@ export interface MachineDriverService {
   readonly destroy: (id: string) => Effect.Effect<void, MachineDestroyFailed>
   /** The ids of the machines on this host made for `owner` (see `MachineSpec.owner`). */
   readonly owned: (owner: string) => Effect.Effect<ReadonlyArray<string>>
+  /**
+   * Claims machine `id` for `owner` before it is made: its folder, naming the owner, with the
+   * caller's `note`. A host agent that dies before `create` has made the folder still finds the
+   * machine among those it `owned` (and `create` takes the claimed folder).
+   */
+  readonly claim: (id: string, owner: string, note: string) => Effect.Effect<void, MachineKeepFailed>
+  /**
+   * Records in the machine's folder what a later life of its host agent needs to take it over
+   * (`adopt`): the machine as `create` answered it, and the caller's `note` (its own, opaque here).
+   */
+  readonly keep: (machine: Machine, note: string) => Effect.Effect<void, MachineKeepFailed>
+  /**
+   * What machine `id`'s folder kept: the machine and the note once kept (`keep`) while its process
+   * still runs, only the note when it was claimed and never kept; none when nothing was recorded or
+   * the kept machine's process is gone (it died with its host agent, or since).
+   */
+  readonly adopt: (id: string) => Effect.Effect<Option.Option<Kept>>
 }
+
+/** What `claim` and `keep` recorded of a machine. */
+export interface Kept {
+  readonly note: string
+  /** Set once the machine was kept (made and ready), and only while it runs. */
+  readonly machine?: Machine
+}
+
+/** The machine's folder could not record what a later life needs. */
+export class MachineKeepFailed extends Data.TaggedError("MachineKeepFailed")<{
+  readonly id: string
+  readonly detail: string
+}> {}
+
+/** Whether process `pid` runs (a zombie, which still answers signal 0, does not). */
+export const alive = async (pid: number): Promise<boolean> => {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "")
+  return stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
+}
+
+/** What a machine id must be (it names the machine's folder, cgroups and network devices). */
+export const MACHINE_ID = /^[a-z0-9_]{1,64}$/
+
+/** The file in a machine's folder that `claim` and `keep` write (root only: the note is the caller's). */
+const KEPT_FILE = "kept.json"
+
+// Whole or not at all: a crash midway leaves the earlier file (or none), never half of one.
+const writeKept = async (dir: string, kept: Kept) => {
+  const file = join(dir, KEPT_FILE)
+  await writeFile(`${file}.new`, JSON.stringify(kept), { mode: 0o600 })
+  await rename(`${file}.new`, file)
+}
+
+/**
+ * Makes machine `id`'s folder in `machinesDir` with `mode`, naming `owner`; or takes the one a
+ * `claim` of the same owner made, which holds nothing else yet. Fails `EEXIST` when the id is in use.
+ */
+export const machineFolder = async (
+  machinesDir: string,
+  id: string,
+  owner: string | undefined,
+  mode = 0o700,
+) => {
+  if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
+  const dir = join(machinesDir, id)
+  await mkdir(machinesDir, { recursive: true })
+  try {
+    await mkdir(dir, { mode })
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== "EEXIST" || owner === undefined) throw e
+    const named = await readFile(join(dir, OWNER_FILE), "utf8").catch(() => undefined)
+    const entries = await readdir(dir)
+    if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE)) throw e
+    await chmod(dir, mode)
+    return dir
+  }
+  await writeOwner(dir, owner)
+  return dir
+}
+
+/** `claim` for drivers whose machines have a folder in `machinesDir` (see `machineFolder`). */
+export const claimIn =
+  (machinesDir: string): MachineDriverService["claim"] =>
+  (id, owner, note) =>
+    Effect.tryPromise({
+      try: async () => writeKept(await machineFolder(machinesDir, id, owner), { note }),
+      catch: (e) => new MachineKeepFailed({ id, detail: String(e) }),
+    })
+
+/** `keep` for drivers whose machines have a folder in `machinesDir` and a `handle.pid` that runs them. */
+export const keepIn =
+  (machinesDir: string): MachineDriverService["keep"] =>
+  (machine, note) =>
+    Effect.tryPromise({
+      try: () => writeKept(join(machinesDir, machine.id), { machine, note }),
+      catch: (e) => new MachineKeepFailed({ id: machine.id, detail: String(e) }),
+    })
+
+/** `adopt` for the drivers `claimIn` and `keepIn` serve: a kept machine only while its `handle.pid` runs. */
+export const adoptIn =
+  (machinesDir: string): MachineDriverService["adopt"] =>
+  (id) =>
+    Effect.promise(async () => {
+      if (!MACHINE_ID.test(id)) return Option.none()
+      const text = await readFile(join(machinesDir, id, KEPT_FILE), "utf8").catch(() => undefined)
+      if (text === undefined) return Option.none()
+      try {
+        const kept = JSON.parse(text) as Kept
+        if (typeof kept.note !== "string") return Option.none()
+        if (kept.machine === undefined) return Option.some({ note: kept.note })
+        const pid = Number(kept.machine.handle.pid)
+        // A pid reused by another process passes here; the pinned host key refuses it at connect.
+        if (kept.machine.id !== id || !Number.isInteger(pid) || pid <= 0 || !(await alive(pid)))
+          return Option.none()
+        return Option.some(kept)
+      } catch {
+        return Option.none()
+      }
+    })
 
 /** The file in a machine's folder that names its owner. */
 const OWNER_FILE = "owner"

@@ -8,8 +8,8 @@
  *                  reserved (`Capacity`, under the run's id): none → scheduler `Refused`; else run
  *                  `Started{host, at}` and scheduler `Placed`, then the run's machine starts in its
  *                  own fibers (`RunMachine`). A run already running that this process does not
- *                  hold was taken by an earlier life of this agent, whose machines are lost: when
- *                  it names this host, the run fails `infrastructure`.
+ *                  hold was taken by an earlier life of this agent that did not leave it a machine
+ *                  to adopt (see below): when it names this host, the run fails `infrastructure`.
  *   Stop           ends the run's machine (cancel commands, last log part, destroy, release room,
  *                  scheduler `Freed`). For a run this process does not hold, only `Freed` (the
  *                  machine is gone either way, and the scheduler must not count it).
@@ -22,6 +22,10 @@
  * `<run>:placed`, `<run>:refused:<mailbox seq>`, `<run>:freed`), so a message handled again after a
  * crash stores nothing twice. A message that cannot be handled for want of the bus is not
  * acknowledged and comes back; one that does not decode is logged and dropped.
+ *
+ * At start, before consuming, the machines an earlier life of this host id left (it was killed
+ * outright) are taken over when they are ready and still run, and their runs go on; the rest are
+ * removed and their runs failed `infrastructure` (`RunMachine.start`, `MachineDriver.adopt`).
  *
  * When the scope closes (the agent stops) the consumer stops first, then every machine is ended
  * the same way and its run told `Fail{infrastructure, "the host agent stopped"}`.
@@ -99,16 +103,63 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         { msgId: `${run}:freed` },
       )
 
-    // Machines an earlier life of this agent left (it was killed outright, or its host rebooted):
-    // removed, and their runs failed at once rather than left `running` to their time-out. A run
-    // whose machine is gone cannot go on; its commands end with the run.
+    // Machines an earlier life of this agent left (it was killed outright, or its host rebooted),
+    // each with what its folder kept (`MachineDriver.adopt`), when its run is still running here:
+    // - kept once ready, and still running: taken over, the run goes on (`RunMachine.start`);
+    // - only claimed (it died before the machine was ready, so no command reached it): what was
+    //   made is removed and the run starts over on a new machine;
+    // - claimed for a run not running here (ended, elsewhere, or its placement never finished, in
+    //   which case its `Place` comes back): removed;
+    // - anything else (a kept machine that died, a folder that kept nothing): removed, and its run
+    //   failed at once rather than left `running` to its time-out.
     const driver = yield* MachineDriver
+    const runOf = (id: string, note: string) =>
+      Option.match(RunMachine.accountOfNote(note), {
+        onNone: () => Effect.succeedNone,
+        onSome: (account) =>
+          Effect.map(
+            runs.get(kvKeys.run(account, id)),
+            Option.map((entry) => entry.value),
+          ),
+      })
+    const takeOver = (id: string) =>
+      Effect.gen(function* () {
+        const found = yield* driver.adopt(id)
+        if (Option.isNone(found)) return "lost" as const
+        const kept = found.value
+        const run = Option.getOrUndefined(yield* runOf(id, kept.note))
+        if (run === undefined || run.state !== "running" || run.host !== host.id) return "not ours" as const
+        const reserved = yield* capacity.reserve(run.id, run.size, run.id)
+        if (Either.isLeft(reserved)) return "lost" as const
+        if (kept.machine === undefined) {
+          yield* driver.destroy(id)
+          yield* driver.claim(id, host.id, kept.note)
+        }
+        held.set(run.id, yield* RunMachine.start(run, kept))
+        yield* Effect.logWarning(
+          kept.machine === undefined
+            ? "run of an earlier life starts over on a new machine"
+            : "machine of an earlier life adopted; its run goes on",
+        ).pipe(Effect.annotateLogs({ run: id }))
+        return "taken" as const
+      }).pipe(
+        Effect.catchAll((e) =>
+          Effect.as(
+            Effect.logError("a machine of an earlier life could not be taken over", e),
+            "lost" as const,
+          ),
+        ),
+      )
     for (const id of yield* driver.owned(host.id)) {
+      const outcome = yield* takeOver(id)
+      if (outcome === "taken") continue
+      if (!held.has(id)) yield* capacity.release(id)
       yield* driver
         .destroy(id)
         .pipe(
           Effect.catchAll((e) => Effect.logError("a machine of an earlier life was not fully removed", e)),
         )
+      if (outcome === "not ours") continue
       yield* Mailbox.send(
         Run,
         id as RunId,
@@ -182,6 +233,23 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           )
         }
         placing.add(run.id)
+        // Claimed before the run hears of it: a life that dies from here on leaves the machine's
+        // folder for the next one to find (see above). A claim refused (the host's disk) offers
+        // the run elsewhere.
+        const claimed = yield* driver.claim(run.id, host.id, RunMachine.claimNote(run)).pipe(Effect.either)
+        if (Either.isLeft(claimed)) {
+          yield* Effect.logError("placement refused: the machine could not be claimed").pipe(
+            Effect.annotateLogs({ detail: claimed.left.detail }),
+          )
+          placing.delete(run.id)
+          yield* capacity.release(run.id)
+          return yield* Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Refused", run: run.id, host: host.id },
+            { msgId: `${run.id}:refused:${seq}` },
+          )
+        }
         const at = timestamp(yield* Clock.currentTimeMillis)
         yield* Mailbox.send(
           Run,

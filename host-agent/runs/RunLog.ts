@@ -5,7 +5,9 @@
  * (`flush`); after each part the run actor hears `LogPart{n}` (message id `<run>:log:<n>`), which
  * is how `GET /v1/runs/{id}/log` knows how many parts there are.
  *
- * Kinds written by the host agent: `machine` (created), `input` (unpacked and checked, or the
+ * Kinds written by the host agent: `machine` (created; `started_over` when an earlier life of the
+ * host agent died before the run's first machine was ready), `adopted` (a later life of the host
+ * agent took the machine over), `input` (unpacked and checked, or the
  * problem), `setup` (one per setup command: the command, its output and exit status), `ready`,
  * `tool_call` (a command the agent sent: `name`, `arguments`, and its `result` or `error`),
  * `finish` (a `finish` command and what came of it) and `end` (why the machine went away).
@@ -40,6 +42,8 @@ export const make = (options: {
   readonly run: RunId
   readonly account: AccountId
   readonly flushMs: number
+  /** Parts an earlier life of the host agent stored (an adopted machine's log goes on after them). */
+  readonly stored?: number
 }): Effect.Effect<RunLog, never, Scope.Scope | Nats | Storage | SealStream | Mailbox.Mailbox> =>
   Effect.gen(function* () {
     const { names } = yield* Storage
@@ -47,7 +51,7 @@ export const make = (options: {
     const services = yield* Effect.context<Nats | Mailbox.Mailbox>()
     const lock = yield* Effect.makeSemaphore(1)
     let lines: Array<string> = []
-    let stored = 0
+    let stored = options.stored ?? 0
 
     const append: RunLog["append"] = (kind, fields = {}) =>
       Effect.map(Clock.currentTimeMillis, (now) => {

@@ -26,6 +26,10 @@
  * session, destroys the machine, gives its capacity back and tells the scheduler `Freed`. `end`
  * runs once; later calls wait for it.
  *
+ * Once ready (setup done), the machine is kept for a later life of this host agent
+ * (`MachineDriver.keep`): a host agent killed outright and started again takes it over (`start`
+ * with `kept`) and the run goes on.
+ *
  * Messages carry deterministic ids (`<run>:ready`, `<run>:succeed`, `<run>:fail:<why>`,
  * `<run>:freed`), so a message sent again is stored once.
  */
@@ -55,6 +59,7 @@ import * as Kv from "../../core/Kv.ts"
 import { Links } from "../../core/Links.ts"
 import type { Nats } from "../../core/Nats.ts"
 import * as ObjectStore from "../../core/ObjectStore.ts"
+import { Seal } from "../../core/Seal.ts"
 import type { SealStream } from "../../core/SealStream.ts"
 import { Secrets } from "../../core/Secrets.ts"
 import { Storage } from "../../core/Storage.ts"
@@ -65,18 +70,18 @@ import {
   endedCommandStates,
 } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
-import type { EventId } from "../../schema/Ids.ts"
+import { AccountId, type EventId } from "../../schema/Ids.ts"
 import type { RunFailure, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import * as Bases from "../bases/Bases.ts"
 import { BasesSettings } from "../bases/Bases.ts"
 import * as Dispatcher from "../commands/Dispatcher.ts"
 import type { CommandContext, Outcome } from "../commands/Executor.ts"
-import { connect, type GuestSession } from "../guest/GuestSession.ts"
+import { connect, type GuestSession, killLeftovers } from "../guest/GuestSession.ts"
 import * as Inputs from "../guest/Inputs.ts"
 import * as Outputs from "../guest/Outputs.ts"
 import * as Setup from "../guest/Setup.ts"
-import { MachineDriver, newKeyPair } from "../machines/MachineDriver.ts"
+import { type Kept, type Machine, MachineDriver, newKeyPair } from "../machines/MachineDriver.ts"
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as RunLog from "./RunLog.ts"
@@ -87,6 +92,7 @@ export type RunMachineServices =
   | Nats
   | Storage
   | SealStream
+  | Seal
   | Mailbox.Mailbox
   | MachineDriver
   | Capacity
@@ -132,6 +138,22 @@ const describe = (e: { readonly _tag: string }): string => {
   return `${e._tag}: ${String(detail ?? message ?? "")}`
 }
 
+/**
+ * The log parts stored for `run`: its record's count, and any stored since that the run actor has
+ * not counted yet (an earlier life may have died between storing a part and the count's message).
+ */
+const logPartsOf = (run: StoredRun) =>
+  Effect.gen(function* () {
+    const { names } = yield* Storage
+    const logs = yield* ObjectStore.make(names.objects.logs.name)
+    let n = run.log_parts
+    while (Option.isSome(yield* logs.info(kvKeys.logPart(run.id, n + 1)))) n++
+    return n
+  }).pipe(
+    Effect.retry(Schedule.exponential("100 millis").pipe(Schedule.upTo("1 minute"))),
+    Effect.orElseSucceed(() => run.log_parts),
+  )
+
 /** A command this machine took, and what it last wrote for it. */
 interface Tracked {
   record: CommandRecord
@@ -152,10 +174,40 @@ interface Tracked {
 }
 
 /**
+ * The note a machine's folder keeps for a later life of this host agent: its run's account from
+ * the claim (`MachineDriver.claim`, before the machine is made), and once the machine is ready
+ * (`MachineDriver.keep`) the key the host agent logs in with, sealed for that account.
+ */
+const MachineNote = Schema.parseJson(
+  Schema.Struct({ account: AccountId, key: Schema.optional(Schema.String) }),
+)
+const decodeNote = Schema.decodeUnknownOption(MachineNote)
+const keyAad = (run: string) => `machine-key:${run}`
+
+/** The note `MachineDriver.claim` keeps for `run`'s machine. */
+export const claimNote = (run: StoredRun): string => Schema.encodeSync(MachineNote)({ account: run.account })
+
+/** The account of the run a claimed or kept machine served, read from its note. */
+export const accountOfNote = (note: string): Option.Option<AccountId> =>
+  Option.map(decodeNote(note), (n) => n.account)
+
+/** The error of a command an earlier life of the host agent had taken and a later one adopted. */
+export const RESTARTED_ERROR =
+  "the host agent restarted while this command was queued or running; it was not run again (it may have run in part)"
+
+/**
  * Starts the machine of `run`, whose capacity the caller has reserved under the run's id. The life
  * runs in its own fibers; the returned machine is ended with `end`.
+ *
+ * `earlier` is what an earlier life of this host agent left of the run's machine
+ * (`MachineDriver.adopt`), and the log goes on after the parts that life stored. With a machine
+ * (kept once it was ready, still running), the life connects to it again instead of making one,
+ * kills what the earlier life's commands left running, ends every command not yet ended with
+ * `RESTARTED_ERROR`, and goes on with the commands that come after. Without one (claimed, never
+ * ready: no command reached it; the caller has removed what was made of it), the life starts over
+ * on a new machine.
  */
-export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachineServices> =>
+export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine, never, RunMachineServices> =>
   Effect.gen(function* () {
     const services = yield* Effect.context<RunMachineServices>()
     const { names } = yield* Storage
@@ -163,12 +215,16 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
     const host = yield* Host
     const capacity = yield* Capacity
     const links = yield* Links
+    const seal = yield* Seal
     const scope = yield* ScopeOps.make()
     const done = yield* Deferred.make<void>()
     const dispatcherReady = yield* Deferred.make<Dispatcher.Dispatcher>()
-    const log = yield* RunLog.make({ run: run.id, account: run.account, flushMs: settings.logFlushMs }).pipe(
-      ScopeOps.extend(scope),
-    )
+    const log = yield* RunLog.make({
+      run: run.id,
+      account: run.account,
+      flushMs: settings.logFlushMs,
+      stored: earlier === undefined ? 0 : yield* logPartsOf(run),
+    }).pipe(ScopeOps.extend(scope))
     const tracked = new Map<string, Tracked>()
     // Revisions of the records this machine wrote: the watch brings them back, and they are passed
     // over undecoded (each command's end would otherwise be read back once). The watch goes in
@@ -231,6 +287,20 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
 
     const commands = yield* Kv.make(names.kv.commands.name, CommandRecordSchema).pipe(Effect.orDie)
     const keyOf = (r: CommandRecord) => kvKeys.command(runId, r.sequence)
+
+    // The ids of the run's commands not ended now.
+    const unendedCommands = Effect.gen(function* () {
+      const ids = new Set<string>()
+      for (const key of yield* commands.keys(kvKeys.commandsOf(runId))) {
+        const entry = yield* commands.get(key)
+        if (Option.isSome(entry) && !endedCommandStates.has(entry.value.value.state))
+          ids.add(entry.value.value.id)
+      }
+      return ids
+    }).pipe(
+      whileStoreAway,
+      Effect.mapError((e) => lifeFailed("infrastructure", `reading the run's commands: ${describe(e)}`)),
+    )
 
     // Writes `next` over the revision last seen; false when the run actor ended the record first.
     const writeRecord = (t: Tracked, next: CommandRecord): Effect.Effect<boolean> =>
@@ -363,24 +433,10 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             }),
           ),
         )
-        const base = (yield* Bases.list(basesDir)).find((b) => b.name === run.base)
-        if (base === undefined)
-          return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
-
-        const keys = {
-          client: newKeyPair(),
-          host: newKeyPair(),
-        }
-        const machine = yield* Effect.acquireRelease(
-          driver.create({
-            id: runId,
-            size: run.size,
-            base: base.rootfs,
-            authorizedKey: keys.client.public,
-            hostKey: keys.host.private,
-            owner: host.id,
-          }),
-          (m) =>
+        const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
+        // The machine goes when the life's scope closes, made here or adopted.
+        const owning = (made: Effect.Effect<Machine, LifeFailed>) =>
+          Effect.acquireRelease(made, (m) =>
             driver
               .destroy(m.id)
               .pipe(
@@ -390,25 +446,105 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
                   ),
                 ),
               ),
-        ).pipe(
-          ScopeOps.extend(scope),
-          Effect.mapError((e) =>
-            lifeFailed("infrastructure", `creating the machine failed at ${e.step}: ${e.detail}`),
-          ),
+          ).pipe(ScopeOps.extend(scope))
+        const connected = (machine: Machine, privateKey: string, what: string) =>
+          connect({ ...machine.ssh, privateKey }).pipe(
+            ScopeOps.extend(scope),
+            Effect.mapError((e) => lifeFailed("infrastructure", `${what}: ${e.detail}`)),
+          )
+
+        const kept = earlier?.machine
+        // The machine's claim (`MachineDriver.claim`, by the host actor) goes with a life that ends
+        // before a machine took it over; once one has, its own finalizer removes it all.
+        let made = false
+        yield* ScopeOps.addFinalizer(
+          scope,
+          Effect.suspend(() => (made ? Effect.void : Effect.ignore(driver.destroy(runId)))),
         )
-        yield* log.append("machine", { size: run.size, base: run.base, host: host.id })
-        const guest: GuestSession = yield* connect({ ...machine.ssh, privateKey: keys.client.private }).pipe(
-          ScopeOps.extend(scope),
-          Effect.mapError((e) => lifeFailed("infrastructure", `connecting to the machine: ${e.detail}`)),
-        )
+        let machine: Machine
+        let guest: GuestSession
+        let clientKey: string
+        if (kept === undefined) {
+          const base = (yield* Bases.list(basesDir)).find((b) => b.name === run.base)
+          if (base === undefined)
+            return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
+          const keys = { client: newKeyPair(), host: newKeyPair() }
+          clientKey = keys.client.private
+          made = true
+          machine = yield* owning(
+            driver
+              .create({
+                id: runId,
+                size: run.size,
+                base: base.rootfs,
+                authorizedKey: keys.client.public,
+                hostKey: keys.host.private,
+                owner: host.id,
+              })
+              .pipe(
+                Effect.mapError((e) =>
+                  lifeFailed("infrastructure", `creating the machine failed at ${e.step}: ${e.detail}`),
+                ),
+              ),
+          )
+          yield* log.append("machine", {
+            size: run.size,
+            base: run.base,
+            host: host.id,
+            // An earlier life of the host agent died before this run's machine was ready.
+            ...(earlier === undefined ? {} : { started_over: true }),
+          })
+          guest = yield* connected(machine, clientKey, "connecting to the machine")
+        } else {
+          made = true
+          machine = yield* owning(Effect.succeed(kept))
+          const note = Option.getOrUndefined(decodeNote(earlier?.note))
+          if (note?.key === undefined || note.account !== run.account)
+            return yield* lifeFailed(
+              "infrastructure",
+              "the host agent restarted; the machine's note does not read",
+            )
+          clientKey = new TextDecoder().decode(
+            yield* seal.open(run.account, keyAad(runId), Buffer.from(note.key, "base64")).pipe(
+              whileStoreAway,
+              Effect.mapError((e) =>
+                lifeFailed(
+                  "infrastructure",
+                  `the host agent restarted; opening the machine's key: ${describe(e)}`,
+                ),
+              ),
+            ),
+          )
+          guest = yield* connected(
+            machine,
+            clientKey,
+            "the host agent restarted; reconnecting to the machine",
+          )
+          // What the earlier life's commands left running is ended before any new command starts.
+          yield* killLeftovers(guest).pipe(
+            Effect.timeoutFail({
+              duration: Duration.seconds(30),
+              onTimeout: () =>
+                lifeFailed("infrastructure", "the host agent restarted; the earlier commands did not end"),
+            }),
+            Effect.mapError((e) =>
+              e instanceof LifeFailed
+                ? e
+                : lifeFailed(
+                    "infrastructure",
+                    `the host agent restarted; ending the earlier commands: ${e.detail}`,
+                  ),
+            ),
+          )
+          yield* log.append("adopted", { host: host.id })
+        }
 
         // Input.
-        const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
         const inputFailure = (e: { readonly _tag: string }) =>
           e instanceof Inputs.InputFailed
             ? lifeFailed("input", e.detail)
             : lifeFailed("infrastructure", `unpacking the input: ${describe(e)}`)
-        if (run.input !== undefined) {
+        if (kept === undefined && run.input !== undefined) {
           const unpacked = yield* Inputs.unpack(
             guest,
             { store: files, account: run.account, name: run.input },
@@ -419,7 +555,7 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           )
           yield* log.append("input", { upload: run.input, ...unpacked })
         }
-        if (version.input_manifest.length > 0)
+        if (kept === undefined && version.input_manifest.length > 0)
           yield* Inputs.checkManifest(guest, version.input_manifest).pipe(
             Effect.tapError((e) => log.append("input", { error: describe(e) })),
             Effect.mapError(inputFailure),
@@ -442,21 +578,43 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
           }
         }
 
-        // Setup.
-        const setup = yield* Setup.run(guest, version.setup, { env }).pipe(
-          Effect.mapError((e) => lifeFailed("infrastructure", `setup could not run: ${describe(e)}`)),
-        )
-        for (const step of setup.steps) yield* log.append("setup", { ...step })
-        const setupFailure = Setup.failureDetail(setup)
-        if (setupFailure !== undefined) return yield* lifeFailed("setup", setupFailure)
+        if (kept === undefined) {
+          // Setup.
+          const setup = yield* Setup.run(guest, version.setup, { env }).pipe(
+            Effect.mapError((e) => lifeFailed("infrastructure", `setup could not run: ${describe(e)}`)),
+          )
+          for (const step of setup.steps) yield* log.append("setup", { ...step })
+          const setupFailure = Setup.failureDetail(setup)
+          if (setupFailure !== undefined) return yield* lifeFailed("setup", setupFailure)
 
+          // Ready: from here a later life of this host agent takes the machine over. Kept before
+          // `Ready` is sent, so a machine not kept is one no command has reached (a later life
+          // starts it over); one that cannot be kept fails the run rather than break that.
+          yield* seal.seal(run.account, keyAad(runId), new TextEncoder().encode(clientKey)).pipe(
+            whileStoreAway,
+            Effect.flatMap((sealed) =>
+              driver.keep(
+                machine,
+                Schema.encodeSync(MachineNote)({
+                  account: run.account,
+                  key: Buffer.from(sealed).toString("base64"),
+                }),
+              ),
+            ),
+            Effect.mapError((e) =>
+              lifeFailed("infrastructure", `keeping the machine for the host agent: ${describe(e)}`),
+            ),
+          )
+        }
+        // Sent again by an adopting life (the id keeps it once): the earlier one may have died
+        // between keeping the machine and sending it.
         yield* send(
           "the run actor it is ready",
           Effect.flatMap(now, (at) =>
             Mailbox.send(Run, runId, { _tag: "Ready", at }, { msgId: `${runId}:ready` }),
           ),
         )
-        yield* log.append("ready")
+        if (kept === undefined) yield* log.append("ready")
 
         // Commands.
         const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
@@ -506,16 +664,16 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             // sees what the bash wrote while a long command cannot hold the run. Giving up
             // (`failed`) judges nothing and does not wait. Either way the run's end cancels what
             // still runs (command rule 6).
-            const earlier = [...tracked.values()].filter((o) => o.record.sequence < record.sequence)
+            const before = [...tracked.values()].filter((o) => o.record.sequence < record.sequence)
             if (args.state === "succeeded")
               yield* Effect.forEach(
-                earlier,
+                before,
                 (o) => (o.fiber === undefined ? Effect.void : Fiber.await(o.fiber)),
                 {
                   discard: true,
                 },
               ).pipe(Effect.timeoutOption(Duration.millis(settings.finishWaitMs)))
-            const stillRunning = earlier.filter((o) => !o.done).map((o) => o.record.id)
+            const stillRunning = before.filter((o) => !o.done).map((o) => o.record.id)
             if (finished)
               return yield* finishRecord(t, { state: "failed", error: "the run has already finished" })
             if (args.state === "failed") {
@@ -596,6 +754,11 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
             ),
           )
 
+        // Adopted: the commands not ended when this life began were the earlier life's (or came
+        // while no life was there to take them). Whether they ran, or how far, is not known; none
+        // runs again, each ends failed.
+        const unendedAtStart = kept === undefined ? new Set<string>() : yield* unendedCommands
+
         const take = (record: CommandRecord, revision: number) =>
           Effect.gen(function* () {
             if (tracked.has(record.id)) return
@@ -607,6 +770,10 @@ export const start = (run: StoredRun): Effect.Effect<RunMachine, never, RunMachi
               lock: yield* Effect.makeSemaphore(1),
             }
             tracked.set(record.id, t)
+            if (unendedAtStart.delete(record.id) && !endedCommandStates.has(record.state)) {
+              yield* dispatcher.skip(record.sequence)
+              return yield* finishRecord(t, { state: "failed", error: RESTARTED_ERROR })
+            }
             if (record.state !== "queued" || finished) {
               // Ended (or running) elsewhere, or after the run finished: not this machine's to run.
               t.done = record.state !== "queued"

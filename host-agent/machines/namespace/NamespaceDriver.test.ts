@@ -1,4 +1,4 @@
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
@@ -85,6 +85,42 @@ describe("namespace driver", () => {
     // Idempotent: destroying again (and destroying a machine that never existed) succeeds.
     await Effect.runPromise(driver.destroy(s.id))
     await Effect.runPromise(driver.destroy(testId("never")))
+  })
+
+  it("a kept machine is adopted while it runs, with its note; not once its process died, nor one never kept", async () => {
+    const s = spec("keep", { owner: "host-keep" })
+    const never = spec("unkept", { owner: "host-keep" })
+    try {
+      const machine = await Effect.runPromise(driver.create(s))
+      await Effect.runPromise(driver.create(never))
+      expect([...(await Effect.runPromise(driver.owned("host-keep")))].sort()).toEqual(
+        [s.id, never.id].sort(),
+      )
+      expect(Option.isNone(await Effect.runPromise(driver.adopt(s.id)))).toBe(true)
+      await Effect.runPromise(driver.keep(machine, "the caller's note"))
+      const kept = Option.getOrThrow(await Effect.runPromise(driver.adopt(s.id)))
+      expect(kept).toEqual({ machine, note: "the caller's note" })
+      // What adopt answers reaches the same machine.
+      const out = await Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+            g.bash({ command: "echo again" }),
+          ),
+        ),
+      )
+      expect(out.output).toBe("again\n")
+      expect(Option.isNone(await Effect.runPromise(driver.adopt(never.id)))).toBe(true)
+      process.kill(Number(machine.handle.pid), "SIGKILL")
+      const deadline = Date.now() + 10_000
+      while (Option.isSome(await Effect.runPromise(driver.adopt(s.id))) && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 20))
+      expect(Option.isNone(await Effect.runPromise(driver.adopt(s.id)))).toBe(true)
+    } finally {
+      await Effect.runPromise(driver.destroy(s.id))
+      await Effect.runPromise(driver.destroy(never.id))
+    }
+    expect(await leftovers(s.id)).toEqual([])
+    expect(await Effect.runPromise(driver.adopt(s.id))).toEqual(Option.none())
   })
 
   it("pins the host key: a session expecting another key is refused", async () => {

@@ -26,7 +26,11 @@ import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
 import {
+  adoptIn,
+  alive,
+  claimIn,
   guestSshdConfig,
+  keepIn,
   limitsOf,
   type Machine,
   MachineCreateFailed,
@@ -34,8 +38,8 @@ import {
   MachineDriver,
   type MachineDriverService,
   type MachineSpec,
+  machineFolder,
   ownedIn,
-  writeOwner,
 } from "../MachineDriver.ts"
 import * as Disks from "../qemu/Disks.ts"
 import * as Cgroups from "./Cgroups.ts"
@@ -90,8 +94,6 @@ export const NamespaceDriverSettings = defineSettings(
 )
 type Settings = typeof NamespaceDriverSettings.defaults
 
-const ID = /^[a-z0-9_]{1,64}$/
-
 const idmapMount = fileURLToPath(new URL("./idmap-mount.py", import.meta.url))
 
 /** The host id of root in the machine on network slot `slot`. */
@@ -129,15 +131,6 @@ const tcpOpen = (host: string, port: number) =>
     })
     socket.once("error", () => ok(false))
   })
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
 const crunRoot = (s: Settings) => join(s.runDir, "crun")
 
@@ -317,10 +310,8 @@ const createNow = async (
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
   try {
-    if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
-    await fs.mkdir(s.machinesDir, { recursive: true })
-    await fs.mkdir(dir) // fails if the id is in use
-    await writeOwner(dir, spec.owner)
+    // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
+    await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
     for (const d of ["disk", "lower", "root"]) await fs.mkdir(join(dir, d))
 
     step = "disk room"
@@ -413,7 +404,7 @@ const createNow = async (
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
     while (!(await tcpOpen(net.guestAddress, 22))) {
-      if (!alive(pid) || Date.now() > until) {
+      if (!(await alive(pid)) || Date.now() > until) {
         const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)
       }
@@ -454,6 +445,9 @@ export const make = (
       catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
     }),
   owned: (owner) => ownedIn(s.machinesDir, owner),
+  claim: claimIn(s.machinesDir),
+  keep: keepIn(s.machinesDir),
+  adopt: adoptIn(s.machinesDir),
 })
 
 /** The namespace driver as the host's MachineDriver. */

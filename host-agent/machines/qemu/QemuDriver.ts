@@ -25,16 +25,21 @@ import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
 import {
+  adoptIn,
+  alive,
+  claimIn,
+  keepIn,
   limitsOf,
+  MACHINE_ID,
   type Machine,
   MachineCreateFailed,
   MachineDestroyFailed,
   MachineDriver,
   type MachineDriverService,
   type MachineSpec,
+  machineFolder,
   ownedIn,
   type Size,
-  writeOwner,
 } from "../MachineDriver.ts"
 import { run } from "../namespace/exec.ts"
 import * as Net from "../namespace/Net.ts"
@@ -85,16 +90,9 @@ export const QemuDriverSettings = defineSettings(
 )
 type Settings = typeof QemuDriverSettings.defaults
 
-const ID = /^[a-z0-9_]{1,64}$/
 const MiB = 1024 ** 2
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
-
-// A zombie still answers signal 0, so the process state is read too.
-const alive = async (pid: number) => {
-  const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8").catch(() => "")
-  return stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
-}
 
 /** The qemu pid recorded in machine folder `dir`, if that process still runs QEMU for it. */
 const qemuOf = async (dir: string): Promise<number | undefined> => {
@@ -185,7 +183,7 @@ const tapDown = async (s: Settings, policy: Policy.PolicySettingsValue, id: stri
 }
 
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
-  if (!ID.test(id)) throw new Error(`machine id must match ${ID}`)
+  if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
   const dir = join(s.machinesDir, id)
   const pid = await qemuOf(dir)
   if (pid !== undefined) {
@@ -261,10 +259,7 @@ const createNow = async (
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
   try {
-    if (!ID.test(spec.id)) throw new Error(`machine id must match ${ID}`)
-    await fs.mkdir(s.machinesDir, { recursive: true })
-    await fs.mkdir(dir, { mode: 0o700 }) // fails if the id is in use
-    await writeOwner(dir, spec.owner)
+    await machineFolder(s.machinesDir, spec.id, spec.owner) // fails if the id is in use
 
     step = "ssh"
     const hostKey = ssh2.utils.parseKey(spec.hostKey)
@@ -393,6 +388,9 @@ export const make = (
         catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
       }),
     owned: (owner) => ownedIn(s.machinesDir, owner),
+    claim: claimIn(s.machinesDir),
+    keep: keepIn(s.machinesDir),
+    adopt: adoptIn(s.machinesDir),
   }
 }
 
