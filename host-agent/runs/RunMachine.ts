@@ -184,6 +184,17 @@ const MachineNote = Schema.parseJson(
 const decodeNote = Schema.decodeUnknownOption(MachineNote)
 const keyAad = (run: string) => `machine-key:${run}`
 
+/** Keeps `machine` for a later life of this host agent, with the key it logs in with sealed for the run's account. */
+export const keep = (machine: Machine, run: StoredRun, clientKey: string) =>
+  Effect.gen(function* () {
+    const sealed = yield* (yield* Seal).seal(run.account, keyAad(run.id), new TextEncoder().encode(clientKey))
+    const note = Schema.encodeSync(MachineNote)({
+      account: run.account,
+      key: Buffer.from(sealed).toString("base64"),
+    })
+    yield* (yield* MachineDriver).keep(machine, note)
+  })
+
 /** The note `MachineDriver.claim` keeps for `run`'s machine. */
 export const claimNote = (run: StoredRun): string => Schema.encodeSync(MachineNote)({ account: run.account })
 
@@ -590,17 +601,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           // Ready: from here a later life of this host agent takes the machine over. Kept before
           // `Ready` is sent, so a machine not kept is one no command has reached (a later life
           // starts it over); one that cannot be kept fails the run rather than break that.
-          yield* seal.seal(run.account, keyAad(runId), new TextEncoder().encode(clientKey)).pipe(
+          yield* keep(machine, run, clientKey).pipe(
             whileStoreAway,
-            Effect.flatMap((sealed) =>
-              driver.keep(
-                machine,
-                Schema.encodeSync(MachineNote)({
-                  account: run.account,
-                  key: Buffer.from(sealed).toString("base64"),
-                }),
-              ),
-            ),
             Effect.mapError((e) =>
               lifeFailed("infrastructure", `keeping the machine for the host agent: ${describe(e)}`),
             ),
@@ -652,6 +654,58 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
         }).pipe(ScopeOps.extend(scope))
         yield* handOver(dispatcher)
 
+        // The run's end once a `finish` was accepted: failed (`no_submission`), or the output packed
+        // into the `outputs` store and the run told it succeeded.
+        const finishFailed = (detail: string | undefined) =>
+          fail(
+            "no_submission",
+            `finished as failed${detail === undefined ? "" : `: ${detail}`}`,
+            "finish",
+            detail,
+          )
+        const packOutput = Outputs.pack(guest, { store: outputs, account: run.account, name: runId }).pipe(
+          // Packed again (into the same object) while the store is away; the guest's files stay.
+          whileStoreAway,
+        )
+        const succeed = (packed: Outputs.PackedOutput, detail: string | undefined) =>
+          Effect.flatMap(now, (at) =>
+            send(
+              "the run actor it succeeded",
+              Mailbox.send(
+                Run,
+                runId,
+                {
+                  _tag: "Succeed",
+                  output: {
+                    sha256: packed.sha256,
+                    bytes: packed.bytes,
+                    file_count: packed.file_count,
+                    files: packed.files,
+                    object: runId,
+                  },
+                  ...(detail === undefined ? {} : { message: detail }),
+                  at,
+                },
+                { msgId: `${runId}:succeed` },
+              ),
+            ),
+          )
+        // A `finish` an earlier life of the host agent accepted and ended, dying before the run
+        // heard the end (the record is written first): the end is told again. The output is packed
+        // again from the same files (no command ran after the finish).
+        const finishAgain = (record: CommandRecord) =>
+          Effect.gen(function* () {
+            if (record.kind !== "finish") return
+            const args = record.arguments
+            if (args.state === "failed") return yield* finishFailed(args.detail)
+            const packed = yield* packOutput.pipe(
+              Effect.tapError((e) =>
+                fail("infrastructure", `packing the output failed: ${describe(e)}`, "pack"),
+              ),
+            )
+            yield* succeed(packed, args.detail)
+          }).pipe(Effect.ignore)
+
         const handleFinish = (t: Tracked) =>
           Effect.gen(function* () {
             const record = t.record
@@ -684,8 +738,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
                 state: "failed",
                 detail: args.detail ?? null,
               })
-              const detail = `finished as failed${args.detail === undefined ? "" : `: ${args.detail}`}`
-              return yield* fail("no_submission", detail, "finish", args.detail)
+              return yield* finishFailed(args.detail)
             }
             const problems = yield* Outputs.checkManifest(guest, version.output_manifest)
             if (problems.length > 0) {
@@ -703,13 +756,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               })
             }
             finished = true
-            const packed = yield* Outputs.pack(guest, {
-              store: outputs,
-              account: run.account,
-              name: runId,
-            }).pipe(
-              // Packed again (into the same object) while the store is away; the guest's files stay.
-              whileStoreAway,
+            const packed = yield* packOutput.pipe(
               Effect.tapError((e) =>
                 Effect.zipRight(
                   finishRecord(t, { state: "failed", error: `packing the output failed: ${describe(e)}` }),
@@ -727,27 +774,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               bytes: packed.bytes,
               file_count: packed.file_count,
             })
-            const at = yield* now
-            yield* send(
-              "the run actor it succeeded",
-              Mailbox.send(
-                Run,
-                runId,
-                {
-                  _tag: "Succeed",
-                  output: {
-                    sha256: packed.sha256,
-                    bytes: packed.bytes,
-                    file_count: packed.file_count,
-                    files: packed.files,
-                    object: runId,
-                  },
-                  ...(args.detail === undefined ? {} : { message: args.detail }),
-                  at,
-                },
-                { msgId: `${runId}:succeed` },
-              ),
-            )
+            yield* succeed(packed, args.detail)
           }).pipe(
             Effect.catchAll((e) =>
               finishRecord(t, { state: "failed", error: `the machine is unavailable: ${describe(e)}` }),
@@ -773,6 +800,19 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             if (unendedAtStart.delete(record.id) && !endedCommandStates.has(record.state)) {
               yield* dispatcher.skip(record.sequence)
               return yield* finishRecord(t, { state: "failed", error: RESTARTED_ERROR })
+            }
+            if (
+              kept !== undefined &&
+              record.kind === "finish" &&
+              record.state === "succeeded" &&
+              (record.result as { readonly accepted?: boolean } | undefined)?.accepted === true &&
+              !finished
+            ) {
+              finished = true
+              t.done = true
+              yield* dispatcher.skip(record.sequence)
+              t.fiber = yield* Effect.forkIn(finishAgain(record), scope)
+              return
             }
             if (record.state !== "queued" || finished) {
               // Ended (or running) elsewhere, or after the run finished: not this machine's to run.
