@@ -134,7 +134,8 @@ interface RunOutcome {
   readonly state: string
   readonly failure?: string
   readonly detail?: string
-  readonly commands: number
+  /** Commands the run holds beyond those the caller made (a retried request applied twice). */
+  readonly extra: number
   /** Commands that ended `failed` (a host agent restart ends the ones it had so). */
   readonly failedCommands: number
   readonly billedOk: boolean
@@ -150,10 +151,15 @@ const oneRun = async (
   const h = acct.admin as Record<string, string>
   const started = await ask(stack, seen, "POST", `/v1/functions/${fn}/runs`, h, { prompt: "go" })
   if (started.status !== 201)
-    return { state: `not started (${started.status})`, commands: 0, failedCommands: 0, billedOk: true }
+    return { state: `not started (${started.status})`, extra: 0, failedCommands: 0, billedOk: true }
   const run = started.body.id as string
   stack.runs.add(run)
-  for (let i = 1; i <= commands; i++) {
+  // Each command is sent once; a caller gets an answer for each, so when the write or the finish
+  // did not do its work (a restarted host agent fails the commands it had in flight) the caller
+  // sends both again, as a user would, up to three times.
+  let accepted = false
+  const made = new Set<string>()
+  for (let i = 1, again = 0; i <= commands; i++) {
     const [kind, args] =
       i === commands
         ? ["finish", { state: "succeeded" }]
@@ -162,11 +168,18 @@ const oneRun = async (
           : ["bash", { command: `echo ${i}` }]
     const sent = await ask(stack, seen, "POST", `/v1/runs/${run}/commands`, h, { kind, arguments: args })
     if (sent.status !== 201) break // the run ended (run_ended) or the command was refused
-    await until(stack, seen, `/v1/runs/${run}/commands/${sent.body.id}?wait=25`, h, (c) =>
+    made.add(sent.body.id)
+    const answer = await until(stack, seen, `/v1/runs/${run}/commands/${sent.body.id}?wait=25`, h, (c) =>
       ["succeeded", "failed", "cancelled"].includes(c?.state),
     )
     ended()
+    if (kind === "finish") accepted = answer.state === "succeeded" && answer.result?.accepted === true
+    if (kind === "finish" && !accepted && again < 3) {
+      again++
+      i = commands - 2
+    }
   }
+  if (!accepted) console.log(`  ${run}: its finish was never accepted`)
   const final = await until(
     stack,
     seen,
@@ -188,7 +201,7 @@ const oneRun = async (
     state: final.state,
     ...(final.failure === undefined ? {} : { failure: final.failure }),
     ...(final.detail === undefined ? {} : { detail: final.detail }),
-    commands: list.commands.length,
+    extra: list.commands.length - made.size,
     failedCommands: list.commands.filter((c: { state: string }) => c.state === "failed").length,
     billedOk: billed === startedMinutes,
   }
@@ -230,7 +243,7 @@ const round = async (fault: Fault) => {
     const causes = new Map<string, number>()
     for (const o of outcomes.filter((o) => o.state !== "succeeded"))
       causes.set(o.failure ?? o.state, (causes.get(o.failure ?? o.state) ?? 0) + 1)
-    const twice = outcomes.filter((o) => o.commands > commands).length
+    const twice = outcomes.filter((o) => o.extra > 0).length
     const details = [
       ...new Set(
         outcomes.flatMap((o) => (o.detail === undefined || o.state === "succeeded" ? [] : [o.detail])),

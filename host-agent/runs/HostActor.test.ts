@@ -547,82 +547,93 @@ describe("HostActor", () => {
     ])
   }, 180_000)
 
-  it("a later life adopts a kept machine: the command the earlier life had ends failed, and the finish it accepted but never reported is reported", async () => {
-    const fn = await publish({})
-    await Effect.runPromise(Scope.close(hostScope, Exit.void))
-    // The earlier life, by hand: a ready machine kept for a run running on this host, its output
-    // written, a command taken (`queued`) and a `finish` accepted; it died before sending `Succeed`.
-    const id = makeId("run") as RunId
-    const keys = newKeys()
-    const rootfs = (await ensureTestBase()).rootfs
-    const driver = namespaceDriver(NamespaceDriverSettings.defaults)
-    const machine = await Effect.runPromise(
-      driver.create({
-        id,
-        size: "s",
-        base: rootfs,
-        authorizedKey: keys.client.public,
-        hostKey: keys.host.private,
-        owner: HOST,
-      }),
-    )
-    live.add(id)
-    await Effect.runPromise(
-      Effect.scoped(
-        Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
-          g.bash({ command: "echo 42 > /workspace/out/result.txt" }),
-        ),
-      ),
-    )
-    const stored = Schema.decodeUnknownSync(StoredRun)({
-      id,
-      account: ACC,
-      function: fn,
-      version: 1,
-      base: baseName,
-      size: "s",
-      provider: "none",
-      prompt: "",
-      state: "running",
-      host: HOST,
-      created_at: new Date().toISOString(),
-      started_at: new Date().toISOString(),
-      created_by: USR,
-      usage: emptyUsage("s"),
-      memory_mib: 2048,
-      timeout_minutes: 10,
-      log_parts: 0,
-      seq: 2,
-    })
-    await run(
-      Effect.gen(function* () {
-        const { names } = yield* Storage.Storage
-        yield* (yield* Kv.make(names.kv.runs.name, StoredRun)).put(kvKeys.run(ACC, id), stored)
-        yield* RunMachine.keep(machine, stored, keys.client.private)
-      }),
-    )
-    await queue(id, 1, "bash", { command: "sleep 100" })
-    const finish = await queue(id, 2, "finish", { state: "succeeded", detail: "done" })
-    await run(
-      Effect.flatMap(commandsKv, (kv) =>
-        Effect.flatMap(kv.get(kvKeys.command(id, 2)), (entry) => {
-          const now = new Date().toISOString()
-          const ended = { ...Option.getOrThrow(entry).value, state: "succeeded", result: { accepted: true } }
-          return kv.put(kvKeys.command(id, 2), { ...ended, started_at: now, ended_at: now } as CommandRecord)
+  for (const finishState of ["accepted", "queued"] as const)
+    it(`a later life adopts a kept machine: the command the earlier life had ends failed, and its finish (${finishState}) ends the run`, async () => {
+      const fn = await publish({})
+      await Effect.runPromise(Scope.close(hostScope, Exit.void))
+      // The earlier life, by hand: a ready machine kept for a run running on this host, its output
+      // written, a command taken (`queued`) and a `finish` either accepted (it died before sending
+      // `Succeed`) or still queued (it died before judging it; a finish runs again).
+      const id = makeId("run") as RunId
+      const keys = newKeys()
+      const rootfs = (await ensureTestBase()).rootfs
+      const driver = namespaceDriver(NamespaceDriverSettings.defaults)
+      const machine = await Effect.runPromise(
+        driver.create({
+          id,
+          size: "s",
+          base: rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          owner: HOST,
         }),
-      ),
-    )
+      )
+      live.add(id)
+      await Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+            g.bash({ command: "echo 42 > /workspace/out/result.txt" }),
+          ),
+        ),
+      )
+      const stored = Schema.decodeUnknownSync(StoredRun)({
+        id,
+        account: ACC,
+        function: fn,
+        version: 1,
+        base: baseName,
+        size: "s",
+        provider: "none",
+        prompt: "",
+        state: "running",
+        host: HOST,
+        created_at: new Date().toISOString(),
+        started_at: new Date().toISOString(),
+        created_by: USR,
+        usage: emptyUsage("s"),
+        memory_mib: 2048,
+        timeout_minutes: 10,
+        log_parts: 0,
+        seq: 2,
+      })
+      await run(
+        Effect.gen(function* () {
+          const { names } = yield* Storage.Storage
+          yield* (yield* Kv.make(names.kv.runs.name, StoredRun)).put(kvKeys.run(ACC, id), stored)
+          yield* RunMachine.keep(machine, stored, keys.client.private)
+        }),
+      )
+      await queue(id, 1, "bash", { command: "sleep 100" })
+      const finish = await queue(id, 2, "finish", { state: "succeeded", detail: "done" })
+      if (finishState === "accepted")
+        await run(
+          Effect.flatMap(commandsKv, (kv) =>
+            Effect.flatMap(kv.get(kvKeys.command(id, 2)), (entry) => {
+              const now = new Date().toISOString()
+              const ended = {
+                ...Option.getOrThrow(entry).value,
+                state: "succeeded",
+                result: { accepted: true },
+              }
+              return kv.put(kvKeys.command(id, 2), {
+                ...ended,
+                started_at: now,
+                ended_at: now,
+              } as CommandRecord)
+            }),
+          ),
+        )
 
-    await startHost()
-    expect(await ended(id, 1)).toMatchObject({ state: "failed", error: RunMachine.RESTARTED_ERROR })
-    expect(await record(id, 2)).toMatchObject({ id: finish, state: "succeeded" })
-    expect(await message(id, "Succeed")).toMatchObject({
-      message: "done",
-      output: { object: id, file_count: 1, files: [{ path: "result.txt", bytes: 3, dir: false }] },
-    })
-    await stopAndCheck(id)
-    expect((await logLines(id)).map((l) => l.kind)).toEqual(expect.arrayContaining(["adopted", "end"]))
-  }, 180_000)
+      await startHost()
+      expect(await ended(id, 1)).toMatchObject({ state: "failed", error: RunMachine.RESTARTED_ERROR })
+      expect(await ended(id, 2)).toMatchObject({ id: finish, state: "succeeded", result: { accepted: true } })
+      expect(await message(id, "Succeed")).toMatchObject({
+        message: "done",
+        output: { object: id, file_count: 1, files: [{ path: "result.txt", bytes: 3, dir: false }] },
+      })
+      await stopAndCheck(id)
+      expect((await logLines(id)).map((l) => l.kind)).toEqual(expect.arrayContaining(["adopted", "end"]))
+    }, 180_000)
 
   it("a host agent that stops ends its machines and fails their runs `infrastructure`", async () => {
     const fn = await publish({})

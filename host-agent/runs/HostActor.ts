@@ -159,7 +159,12 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         .pipe(
           Effect.catchAll((e) => Effect.logError("a machine of an earlier life was not fully removed", e)),
         )
-      if (outcome === "not ours") continue
+      // The scheduler stops counting it here either way (an earlier life may have died before
+      // saying so; `Freed` names this host, so it never touches a placement elsewhere).
+      if (outcome === "not ours") {
+        yield* freed(id).pipe(Effect.catchAll((e) => Effect.logError("a removed machine was not reported", e)))
+        continue
+      }
       yield* Mailbox.send(
         Run,
         id as RunId,

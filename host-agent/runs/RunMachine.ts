@@ -783,7 +783,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
 
         // Adopted: the commands not ended when this life began were the earlier life's (or came
         // while no life was there to take them). Whether they ran, or how far, is not known; none
-        // runs again, each ends failed.
+        // runs again, each ends failed (but see `finish` below).
         const unendedAtStart = kept === undefined ? new Set<string>() : yield* unendedCommands
 
         const take = (record: CommandRecord, revision: number) =>
@@ -797,7 +797,10 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               lock: yield* Effect.makeSemaphore(1),
             }
             tracked.set(record.id, t)
-            if (unendedAtStart.delete(record.id) && !endedCommandStates.has(record.state)) {
+            // A `finish` is the exception: judging the output and packing it again is harmless, so
+            // it runs again here (as if it came now) and the run still ends.
+            const again = unendedAtStart.delete(record.id) && !endedCommandStates.has(record.state)
+            if (again && record.kind !== "finish") {
               yield* dispatcher.skip(record.sequence)
               return yield* finishRecord(t, { state: "failed", error: RESTARTED_ERROR })
             }
@@ -814,7 +817,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               t.fiber = yield* Effect.forkIn(finishAgain(record), scope)
               return
             }
-            if (record.state !== "queued" || finished) {
+            if ((record.state !== "queued" && !again) || finished) {
               // Ended (or running) elsewhere, or after the run finished: not this machine's to run.
               t.done = record.state !== "queued"
               return yield* dispatcher.skip(record.sequence)
