@@ -162,7 +162,9 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
       // The scheduler stops counting it here either way (an earlier life may have died before
       // saying so; `Freed` names this host, so it never touches a placement elsewhere).
       if (outcome === "not ours") {
-        yield* freed(id).pipe(Effect.catchAll((e) => Effect.logError("a removed machine was not reported", e)))
+        yield* freed(id).pipe(
+          Effect.catchAll((e) => Effect.logError("a removed machine was not reported", e)),
+        )
         continue
       }
       yield* Mailbox.send(
