@@ -81,17 +81,31 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
     const actorSettings = yield* ActorSettings.Tag
     const runs = yield* Kv.make(names.kv.runs.name, StoredRun)
     const held = new Map<string, RunMachine.RunMachine>()
-    // Runs this life reserved room for whose placement has not finished (see `place`).
+    // Runs this life reserved room for (and claimed a machine for) whose placement has not
+    // finished (see `place`).
     const placing = new Set<string>()
     const stream = names.streams.MAILBOX.name
     const name = consumerName(host.id)
+    const driver = yield* MachineDriver
+
+    // A placement of this life that will not finish (its run ended or went elsewhere, or this
+    // agent stops): its room goes back and its claimed folder goes.
+    const giveBack = (run: string) =>
+      Effect.suspend(() =>
+        placing.delete(run)
+          ? Effect.zipRight(capacity.release(run), Effect.ignore(driver.destroy(run)))
+          : Effect.void,
+      )
 
     // Registered before the consumer, so it runs after the consumer has stopped.
     yield* Effect.addFinalizer(() =>
-      Effect.forEach(
-        [...held.values()],
-        (m) => m.end({ failure: "infrastructure", detail: "the host agent stopped" }),
-        { concurrency: "unbounded", discard: true },
+      Effect.zipRight(
+        Effect.forEach([...placing], giveBack, { discard: true }),
+        Effect.forEach(
+          [...held.values()],
+          (m) => m.end({ failure: "infrastructure", detail: "the host agent stopped" }),
+          { concurrency: "unbounded", discard: true },
+        ),
       ),
     )
 
@@ -112,7 +126,6 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
     //   which case its `Place` comes back): removed;
     // - anything else (a kept machine that died, a folder that kept nothing): removed, and its run
     //   failed at once rather than left `running` to its time-out.
-    const driver = yield* MachineDriver
     const runOf = (id: string, note: string) =>
       Option.match(RunMachine.accountOfNote(note), {
         onNone: () => Effect.succeedNone,
@@ -193,7 +206,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         const run = found.value.value
         if (endedRunStates.has(run.state)) {
           // A placement this life began and the run ended meanwhile: its room goes back.
-          if (placing.delete(run.id)) yield* capacity.release(run.id)
+          yield* giveBack(run.id)
           return yield* Effect.logInfo("placement of an ended run dropped")
         }
         if (held.has(run.id)) return
@@ -202,8 +215,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         const ours = placing.has(run.id)
         // Running on another host (this one's placement lost to it): nothing of it is ours.
         if (run.state === "running" && run.host !== host.id) {
-          if (placing.delete(run.id)) yield* capacity.release(run.id)
-          return
+          return yield* giveBack(run.id)
         }
         if (run.state === "running" && !ours) {
           // An earlier life of this agent took it; its machine went with that process.
@@ -248,8 +260,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           yield* Effect.logError("placement refused: the machine could not be claimed").pipe(
             Effect.annotateLogs({ detail: claimed.left.detail }),
           )
-          placing.delete(run.id)
-          yield* capacity.release(run.id)
+          yield* giveBack(run.id)
           return yield* Mailbox.send(
             Scheduler,
             schedulerId,
@@ -293,7 +304,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
             case "Stop": {
               const machine = held.get(message.run)
               // A placement of this life that had not finished: its room goes back.
-              if (machine === undefined && placing.delete(message.run)) yield* capacity.release(message.run)
+              if (machine === undefined) yield* giveBack(message.run)
               if (machine === undefined) return yield* freed(message.run)
               yield* machine
                 .end()
