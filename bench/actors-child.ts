@@ -17,14 +17,14 @@
  * they compare across processes.
  */
 import { Context, Effect, Layer, Logger, Schema } from "effect"
-import * as Actor from "../actors/runtime/Actor.ts"
-import * as Mailbox from "../actors/runtime/Mailbox.ts"
-import { ActorSettings } from "../actors/runtime/Settings.ts"
-import * as Worker from "../actors/runtime/Worker.ts"
+import * as Mailbox from "../core/actors/Mailbox.ts"
+import { ActorSettings } from "../core/actors/Settings.ts"
+import * as Worker from "../core/actors/Worker.ts"
 import { jsonLogger } from "../core/Log.ts"
 import * as Nats from "../core/Nats.ts"
 import * as Storage from "../core/Storage.ts"
 import * as JsStream from "../core/Stream.ts"
+import * as Actor from "../schema/actors/Actor.ts"
 
 export const now = () => performance.timeOrigin + performance.now()
 

@@ -17,8 +17,8 @@
  */
 import { Cause, Effect, Exit, Layer, Option, Schema } from "effect"
 import { entryOf } from "../actors/account/Account.ts"
-import * as AccountClient from "../actors/account/Client.ts"
 import { Accounts, layer as accountsLayer } from "../core/Accounts.ts"
+import * as AccountClient from "../core/actors/AccountClient.ts"
 import * as Connected from "../core/Connected.ts"
 import { IssuerSettings, loadKey, mint } from "../core/LocalIssuer.ts"
 import * as Log from "../core/Log.ts"

@@ -25,10 +25,10 @@
 import { createHmac, createSecretKey, type KeyObject, timingSafeEqual } from "node:crypto"
 import { join } from "node:path"
 import { Context, Effect, Layer, Redacted } from "effect"
-import { dataDir } from "../deploy/tools.mjs"
 import { linkValidMs } from "../schema/Limits.ts"
 import { lengthPrefixed } from "./Aead.ts"
 import { defineSettings, env } from "./Config.ts"
+import { dataDir } from "./DataDir.ts"
 import { loadFile, MasterKeyInvalid, type MasterKeyUnavailable } from "./MasterKey.ts"
 
 /**

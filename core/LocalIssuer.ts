@@ -13,8 +13,8 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject 
 import { join } from "node:path"
 import { Data, Effect } from "effect"
 import { SignJWT } from "jose"
-import { dataDir } from "../deploy/tools.mjs"
 import { defineSettings, env } from "./Config.ts"
+import { dataDir } from "./DataDir.ts"
 import { readOrCreate } from "./SecretFile.ts"
 
 /** The issuer name of local-mode tokens. */

@@ -14,9 +14,9 @@ import { createSecretKey, type KeyObject, randomBytes } from "node:crypto"
 import { stat } from "node:fs/promises"
 import { join } from "node:path"
 import { Context, Data, Effect, Layer, Redacted } from "effect"
-import { dataDir } from "../deploy/tools.mjs"
 import { type DecryptFailed, KEY_BYTES, lengthPrefixed, openValue, sealValue } from "./Aead.ts"
 import { defineSettings, env } from "./Config.ts"
+import { dataDir } from "./DataDir.ts"
 import { readOrCreate } from "./SecretFile.ts"
 
 /** The master key's source holds no usable key (wrong length, bad encoding); the process must not start. */

@@ -19,7 +19,8 @@ export const toolsDir = process.env.HANGAR_TOOLS_DIR
 
 /**
  * The git-ignored folder holding local data (nats-server store, master key, issuer key).
- * `HANGAR_DATA_DIR` moves it (tests run the whole launcher in a temporary folder).
+ * `HANGAR_DATA_DIR` moves it (tests run the whole launcher in a temporary folder). The roles read
+ * the same variable the same way in `core/DataDir.ts` (core never imports the launcher).
  */
 export const dataDir = process.env.HANGAR_DATA_DIR
   ? resolve(process.env.HANGAR_DATA_DIR)

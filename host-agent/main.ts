@@ -11,8 +11,8 @@
  * links for `get` are signed with the shared link key (`core/Links.ts`).
  */
 import { Effect, Layer } from "effect"
-import * as Mailbox from "../actors/runtime/Mailbox.ts"
-import { ActorSettings } from "../actors/runtime/Settings.ts"
+import * as Mailbox from "../core/actors/Mailbox.ts"
+import { ActorSettings } from "../core/actors/Settings.ts"
 import * as Functions from "../core/Functions.ts"
 import * as Keyring from "../core/Keyring.ts"
 import * as Links from "../core/Links.ts"

@@ -8,22 +8,28 @@ import { createPublicKey, sign, verify } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Kvm } from "@nats-io/kv"
 import { Effect, Option } from "effect"
+import * as Client from "../../core/actors/AccountClient.ts"
+import * as Mailbox from "../../core/actors/Mailbox.ts"
+import * as State from "../../core/actors/State.ts"
+import { clientLayer } from "../../core/actors/testing/Harness.ts"
 import { makeId } from "../../core/Ids.ts"
 import * as Ledger from "../../core/Ledger.ts"
 import { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
+import {
+  Account,
+  type Adjust,
+  appliedLimit,
+  type Charge,
+  type WebhookKeyReply,
+} from "../../schema/actors/Account.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { KeyId, LedgerEntryId, RunId } from "../../schema/Ids.ts"
 import { minutePriceUsdNanos } from "../../schema/Limits.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../../test/harness/names.ts"
-import * as Mailbox from "../runtime/Mailbox.ts"
-import * as State from "../runtime/State.ts"
-import { clientLayer } from "../runtime/testing/Harness.ts"
 import { openWebhookKey } from "./Account.ts"
-import * as Client from "./Client.ts"
-import { Account, type Adjust, appliedLimit, type Charge, type WebhookKeyReply } from "./Messages.ts"
 import { type AccountWorker, startAccountWorker } from "./testing.ts"
 
 let server: StartedNatsServer

@@ -1,7 +1,7 @@
 /**
  * The account actor's handler (type `account`, id = account id): balance and minimum, the ids of
  * recently applied ledger entries, the memory held by queued and running runs, and the account's
- * webhook key. Contract in `Messages.ts`.
+ * webhook key. Contract in `schema/actors/Account.ts`.
  *
  * Memory holds. `MayStart` holds a run's memory (per run, so asking twice holds once) and
  * `Release` drops it (a run never held, or released before, changes nothing). The gateway asks
@@ -29,8 +29,6 @@ import { Nats } from "../../core/Nats.ts"
 import { Seal, type SealService } from "../../core/Seal.ts"
 import { Storage } from "../../core/Storage.ts"
 import type { LedgerEntry } from "../../schema/Account.ts"
-import type { AccountId } from "../../schema/Ids.ts"
-import * as Actor from "../runtime/Actor.ts"
 import {
   type AccountActorState,
   type Adjust,
@@ -40,9 +38,11 @@ import {
   Account as Definition,
   publicKeyOf,
   type WebhookKey,
-} from "./Messages.ts"
+} from "../../schema/actors/Account.ts"
+import * as Actor from "../../schema/actors/Actor.ts"
+import type { AccountId } from "../../schema/Ids.ts"
 
-export { Account } from "./Messages.ts"
+export { Account } from "../../schema/actors/Account.ts"
 
 /** What the handler reaches besides its state. */
 export interface AccountDeps {

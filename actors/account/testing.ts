@@ -3,14 +3,14 @@
  * under `prefix`, and a seal whose master key and wrapped data keys live in memory.
  */
 import { Context, Effect, Exit, Layer, Scope } from "effect"
+import type { ActorSettingsShape } from "../../core/actors/Settings.ts"
+import { startWorker } from "../../core/actors/testing/Harness.ts"
 import * as Keyring from "../../core/Keyring.ts"
 import * as MasterKey from "../../core/MasterKey.ts"
 import { Nats, layerUrl as natsLayerUrl } from "../../core/Nats.ts"
 import * as Seal from "../../core/Seal.ts"
 import { Storage, layerPrefix as storageLayerPrefix } from "../../core/Storage.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
-import type { ActorSettingsShape } from "../runtime/Settings.ts"
-import { startWorker } from "../runtime/testing/Harness.ts"
 import * as AccountActor from "./Account.ts"
 
 /** A seal with an in-memory master key and data keys (one build = one key set). */

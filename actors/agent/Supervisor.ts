@@ -6,7 +6,7 @@
  * `{owner, expiresAt}`. Every `renewMs` it renews the leases it holds (compare-and-set on the
  * revision it wrote; a lease it cannot renew in time, or finds taken, stops that loop), then claims
  * runs whose lease is missing or expired, up to its fair share (the runs over the live actor
- * workers of `actors/runtime/Leases.ts`, rounded up), and starts their loops. A dead worker's
+ * workers of `core/actors/Leases.ts`, rounded up), and starts their loops. A dead worker's
  * leases expire and its runs are claimed by the others, whose loops resume from the persisted
  * conversation. A loop that failed (the bus, a bad record) gives its lease back and is claimed
  * again at a next tick; one replaced by another owner (`StaleLoop`) just stops. Running loops are
@@ -17,6 +17,9 @@
  * gives their leases back so others take over at once; a killed worker's leases simply expire.
  */
 import { Cause, Clock, Context, Effect, Exit, Fiber, Layer, Option, Schedule, Scope, Stream } from "effect"
+import * as Leases from "../../core/actors/Leases.ts"
+import { Mailbox } from "../../core/actors/Mailbox.ts"
+import { Worker } from "../../core/actors/Worker.ts"
 import { Functions } from "../../core/Functions.ts"
 import { Nats } from "../../core/Nats.ts"
 import { Providers } from "../../core/Providers.ts"
@@ -25,9 +28,6 @@ import { Secrets } from "../../core/Secrets.ts"
 import { Storage } from "../../core/Storage.ts"
 import { Chat } from "../../core/vendors/Chat.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
-import * as Leases from "../runtime/Leases.ts"
-import { Mailbox } from "../runtime/Mailbox.ts"
-import { Worker } from "../runtime/Worker.ts"
 import * as Loop from "./Loop.ts"
 import { AgentSettings } from "./Settings.ts"
 import * as Store from "./Store.ts"

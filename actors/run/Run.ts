@@ -1,6 +1,6 @@
 /**
  * The run actor's handler (type `run`, id = the run id): the run's life cycle, its command
- * sequence, its timers and its billing. Contract and message list in `Messages.ts`.
+ * sequence, its timers and its billing. Contract and message list in `schema/actors/Run.ts`.
  *
  * Side effects inside the handler. The runtime's outbox reaches actor mailboxes only, so the
  * handler writes KV itself, before the runtime stores its state (a retried or re-run handler writes
@@ -45,10 +45,23 @@
 import { Effect, Either, Option } from "effect"
 import type { AccountRecord } from "../../core/Accounts.ts"
 import { AccountRecord as AccountRecordSchema, computeRate } from "../../core/Accounts.ts"
+import * as State from "../../core/actors/State.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Nats, type NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
+import { Account, type AccountActorState, type Charge } from "../../schema/actors/Account.ts"
+import * as Actor from "../../schema/actors/Actor.ts"
+import { Host } from "../../schema/actors/Host.ts"
+import {
+  type Create,
+  Run as Definition,
+  type RunActorState,
+  type RunMessage,
+  type RunReply,
+} from "../../schema/actors/Run.ts"
+import { Scheduler, schedulerId } from "../../schema/actors/Scheduler.ts"
+import { Webhook } from "../../schema/actors/Webhook.ts"
 import { CommandIndex, CommandRecord, endedCommandStates } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
 import { type EventId, type LedgerEntryId, noProvider, type RunId } from "../../schema/Ids.ts"
@@ -63,23 +76,10 @@ import {
   StoredRun,
 } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
-import { Account, type AccountActorState, type Charge } from "../account/Messages.ts"
 import { AgentRun } from "../agent/Store.ts"
-import { Host } from "../host/Messages.ts"
-import * as Actor from "../runtime/Actor.ts"
-import * as State from "../runtime/State.ts"
-import { Scheduler, schedulerId } from "../scheduler/Messages.ts"
-import { Webhook } from "../webhooks/Messages.ts"
-import {
-  type Create,
-  Run as Definition,
-  type RunActorState,
-  type RunMessage,
-  type RunReply,
-} from "./Messages.ts"
 import { RunSettings, type RunSettingsShape } from "./Settings.ts"
 
-export { Run } from "./Messages.ts"
+export { Run } from "../../schema/actors/Run.ts"
 
 /** What the handler reaches besides its state. */
 export interface RunDeps {

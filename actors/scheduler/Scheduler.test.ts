@@ -6,7 +6,14 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, type Layer, Option, type Scope } from "effect"
+import * as Client from "../../core/actors/AccountClient.ts"
+import * as Mailbox from "../../core/actors/Mailbox.ts"
+import * as State from "../../core/actors/State.ts"
+import { clientLayer, eventually, fast } from "../../core/actors/testing/Harness.ts"
 import { makeId } from "../../core/Ids.ts"
+import { Host } from "../../schema/actors/Host.ts"
+import { type Create, Run } from "../../schema/actors/Run.ts"
+import { Scheduler, type SchedulerState, schedulerId, type Waiting } from "../../schema/actors/Scheduler.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { Size } from "../../schema/Definition.ts"
 import type { AccountId, BaseName, FunctionId, KeyId, RunId } from "../../schema/Ids.ts"
@@ -14,9 +21,6 @@ import { sizes } from "../../schema/Limits.ts"
 import type { StoredRun } from "../../schema/Run.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../../test/harness/names.ts"
-import * as Client from "../account/Client.ts"
-import { Host } from "../host/Messages.ts"
-import { type Create, Run } from "../run/Messages.ts"
 import {
   hostRecord,
   inbox,
@@ -27,10 +31,6 @@ import {
   storedRun,
   writeHost,
 } from "../run/testing.ts"
-import * as Mailbox from "../runtime/Mailbox.ts"
-import * as State from "../runtime/State.ts"
-import { clientLayer, eventually, fast } from "../runtime/testing/Harness.ts"
-import { Scheduler, type SchedulerState, schedulerId, type Waiting } from "./Messages.ts"
 import { hostGoneDetail, insert, place } from "./Scheduler.ts"
 
 let server: StartedNatsServer

@@ -1,6 +1,6 @@
 /**
  * The scheduler's handler (type `scheduler`, one instance `main`): the queue of runs waiting for a
- * machine and the placement of each on a host. Contract and message list in `Messages.ts`.
+ * machine and the placement of each on a host. Contract and message list in `schema/actors/Scheduler.ts`.
  *
  * Room on a host. The host's record in KV `hosts` (rewritten by its agent on every capacity change
  * and every heartbeat) lists its machines, reserved runs included, and what is free. Runs offered
@@ -30,19 +30,19 @@ import { defineSettings, env } from "../../core/Config.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
-import { timestamp } from "../../schema/Common.ts"
-import { HostRecord, isLive } from "../../schema/Host.ts"
-import { Host } from "../host/Messages.ts"
-import { Run } from "../run/Messages.ts"
-import * as Actor from "../runtime/Actor.ts"
+import * as Actor from "../../schema/actors/Actor.ts"
+import { Host } from "../../schema/actors/Host.ts"
+import { Run } from "../../schema/actors/Run.ts"
 import {
   Scheduler as Definition,
   type SchedulerMessage,
   type SchedulerState,
   type Waiting,
-} from "./Messages.ts"
+} from "../../schema/actors/Scheduler.ts"
+import { timestamp } from "../../schema/Common.ts"
+import { HostRecord, isLive } from "../../schema/Host.ts"
 
-export { Scheduler } from "./Messages.ts"
+export { Scheduler } from "../../schema/actors/Scheduler.ts"
 
 export interface SchedulerSettingsShape {
   /** How often the scheduler re-reads the hosts while it has work (default 2 s). */

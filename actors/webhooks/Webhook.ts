@@ -1,6 +1,6 @@
 /**
  * The webhook actor's handler (type `webhook`, id = the event id): delivers one event to the run's
- * webhook address. Contract in `Messages.ts`, signatures in `Signing.ts`, settings in `Settings.ts`.
+ * webhook address. Contract in `schema/actors/Webhook.ts`, signatures in `Signing.ts`, settings in `Settings.ts`.
  *
  * - `Deliver` stores the event and makes the first attempt (at once with the default delays, else
  *   on the actor's `attempt` timer). A second `Deliver` of the same event changes nothing.
@@ -31,6 +31,8 @@
 import { readFileSync } from "node:fs"
 import { rootCertificates } from "node:tls"
 import { Clock, Data, Duration, Effect, Layer, Option } from "effect"
+import { Mailbox, type MailboxService } from "../../core/actors/Mailbox.ts"
+import * as State from "../../core/actors/State.ts"
 import * as Kv from "../../core/Kv.ts"
 import * as Links from "../../core/Links.ts"
 import { Nats } from "../../core/Nats.ts"
@@ -38,19 +40,17 @@ import { postPinned } from "../../core/PinnedPost.ts"
 import { resolvePublic } from "../../core/PublicAddress.ts"
 import { Seal, type SealService } from "../../core/Seal.ts"
 import { Storage } from "../../core/Storage.ts"
+import { Account } from "../../schema/actors/Account.ts"
+import * as Actor from "../../schema/actors/Actor.ts"
+import { Webhook as Definition, type Deliver, type WebhookState } from "../../schema/actors/Webhook.ts"
 import { timestamp } from "../../schema/Common.ts"
 import { apiRun, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { openWebhookKey } from "../account/Account.ts"
-import { Account } from "../account/Messages.ts"
-import * as Actor from "../runtime/Actor.ts"
-import { Mailbox, type MailboxService } from "../runtime/Mailbox.ts"
-import * as State from "../runtime/State.ts"
-import { Webhook as Definition, type Deliver, type WebhookState } from "./Messages.ts"
 import { WebhookSettings, type WebhookSettingsShape } from "./Settings.ts"
 import { signHeaders } from "./Signing.ts"
 
-export { Webhook } from "./Messages.ts"
+export { Webhook } from "../../schema/actors/Webhook.ts"
 
 /** What the handler reaches besides its state. */
 export interface WebhookDeps {

@@ -6,9 +6,9 @@
  * answer if the actor does not answer within a few seconds (the actors role is down or starting).
  */
 import { Effect, Option, Schema } from "effect"
-import * as Client from "../../actors/account/Client.ts"
-import { balanceOf as balanceFromState, publicKeyOf } from "../../actors/account/Messages.ts"
 import { Accounts, computeRate } from "../../core/Accounts.ts"
+import * as Client from "../../core/actors/AccountClient.ts"
+import { balanceOf as balanceFromState, publicKeyOf } from "../../schema/actors/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
 import { authRoute } from "../auth/Route.ts"

@@ -3,10 +3,10 @@
  * oldest first.
  */
 import { Effect } from "effect"
-import * as Client from "../../actors/account/Client.ts"
-import type { BalanceReply } from "../../actors/account/Messages.ts"
+import * as Client from "../../core/actors/AccountClient.ts"
 import * as Ledger from "../../core/Ledger.ts"
 import type { Balance } from "../../schema/Account.ts"
+import type { BalanceReply } from "../../schema/actors/Account.ts"
 import type { AccountId } from "../../schema/Ids.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"

@@ -33,10 +33,10 @@
  *   asking the run actor, when the record ends, or at the latest after `cancelWaitMs`.
  */
 import { Clock, Duration, Effect, Layer, Option } from "effect"
-import { mailboxLayer } from "../../actors/account/Client.ts"
-import { Run } from "../../actors/run/Messages.ts"
-import { Mailbox } from "../../actors/runtime/Mailbox.ts"
+import { mailboxLayer } from "../../core/actors/AccountClient.ts"
+import { Mailbox } from "../../core/actors/Mailbox.ts"
 import { awaitOutputAfter, readOutputAt } from "../../core/CommandOutput.ts"
+import { Run } from "../../schema/actors/Run.ts"
 import {
   CommandList,
   CommandOutput,

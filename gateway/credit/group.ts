@@ -3,7 +3,7 @@
  * to the account actor.
  */
 import { Layer } from "effect"
-import { mailboxLayer } from "../../actors/account/Client.ts"
+import { mailboxLayer } from "../../core/actors/AccountClient.ts"
 import * as PaymentProcessor from "./PaymentProcessor.ts"
 
 /** The group's routes. */

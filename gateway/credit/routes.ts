@@ -11,10 +11,10 @@
  */
 import { createHash } from "node:crypto"
 import { Chunk, Effect, Option, Schema, Stream } from "effect"
-import { Account } from "../../actors/account/Messages.ts"
-import { Mailbox } from "../../actors/runtime/Mailbox.ts"
 import { Accounts } from "../../core/Accounts.ts"
+import { Mailbox } from "../../core/actors/Mailbox.ts"
 import { CheckoutRequest, CheckoutResponse } from "../../schema/Account.ts"
+import { Account } from "../../schema/actors/Account.ts"
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId, type LedgerEntryId } from "../../schema/Ids.ts"

@@ -6,7 +6,7 @@
  * listing (400 naming `function`; a function outside its list is 403 `key_scope`).
  */
 import { Effect, Layer } from "effect"
-import { mailboxLayer } from "../../actors/account/Client.ts"
+import { mailboxLayer } from "../../core/actors/AccountClient.ts"
 import { Links } from "../../core/Links.ts"
 import { decodeBody } from "../../schema/Decode.ts"
 import { ApiError } from "../../schema/Errors.ts"

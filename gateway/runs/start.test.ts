@@ -6,8 +6,8 @@
  */
 import { Effect, Option } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import * as AccountClient from "../../actors/account/Client.ts"
 import * as Accounts from "../../core/Accounts.ts"
+import * as AccountClient from "../../core/actors/AccountClient.ts"
 import {
   advertiseBase,
   call,

@@ -3,7 +3,7 @@
  * verify signatures with. One key per account today; a list so a rotation can show two.
  */
 import { Effect } from "effect"
-import * as Client from "../../actors/account/Client.ts"
+import * as Client from "../../core/actors/AccountClient.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"

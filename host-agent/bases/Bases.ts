@@ -14,7 +14,7 @@ import * as fs from "node:fs/promises"
 import { join, resolve } from "node:path"
 import { Data, Effect } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
-import { root } from "../../deploy/tools.mjs"
+import { repositoryRoot as root } from "../../core/DataDir.ts"
 
 /** Where bases are cached; shared by every checkout on the host. */
 export const BasesSettings = defineSettings("host-agent/Bases", { dir: "/var/cache/hangar/bases" }, (d) => ({

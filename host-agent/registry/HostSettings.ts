@@ -8,7 +8,7 @@ import { readFile } from "node:fs/promises"
 import { hostname, totalmem } from "node:os"
 import { Config, Context, Data, Effect, Layer, Schema } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
-import { dataDir } from "../../deploy/tools.mjs"
+import { dataDir } from "../../core/DataDir.ts"
 import { type DriverKind, HostId, hostHeartbeatMs, hostStaleMs } from "../../schema/Host.ts"
 import { hostVcpuBudget } from "../../schema/Limits.ts"
 

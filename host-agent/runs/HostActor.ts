@@ -1,5 +1,5 @@
 /**
- * The host actor (`actors/host/Messages.ts`), run by the host agent itself: only this process owns
+ * The host actor (`schema/actors/Host.ts`), run by the host agent itself: only this process owns
  * the host's machines and capacity, so instead of an actor worker it consumes its own mailbox
  * subject `mb.host.<partition>.<host id>` (the partition as every sender computes it) through one
  * durable consumer named after the host, one message at a time, in order.
@@ -32,15 +32,15 @@
  */
 import type { Scope } from "effect"
 import { Clock, Context, Effect, Either, Layer, Option, Schedule, Schema, Stream } from "effect"
-import { Host as HostActorDef, HostMessage, type Place } from "../../actors/host/Messages.ts"
-import { Run } from "../../actors/run/Messages.ts"
-import * as Mailbox from "../../actors/runtime/Mailbox.ts"
-import { ActorSettings } from "../../actors/runtime/Settings.ts"
-import { Scheduler, schedulerId } from "../../actors/scheduler/Messages.ts"
+import * as Mailbox from "../../core/actors/Mailbox.ts"
+import { ActorSettings } from "../../core/actors/Settings.ts"
 import * as Consumer from "../../core/Consumer.ts"
 import * as Kv from "../../core/Kv.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
+import { Host as HostActorDef, HostMessage, type Place } from "../../schema/actors/Host.ts"
+import { Run } from "../../schema/actors/Run.ts"
+import { Scheduler, schedulerId } from "../../schema/actors/Scheduler.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { RunId } from "../../schema/Ids.ts"
 import { endedRunStates, StoredRun } from "../../schema/Run.ts"

@@ -4,8 +4,8 @@
  */
 import { Chunk, Effect, Fiber, Layer, ManagedRuntime, Option, Stream } from "effect"
 import { afterAll, expect, it } from "vitest"
-import * as Mailbox from "../../actors/runtime/Mailbox.ts"
-import { ActorSettings } from "../../actors/runtime/Settings.ts"
+import * as Mailbox from "../../core/actors/Mailbox.ts"
+import { ActorSettings } from "../../core/actors/Settings.ts"
 import { makeId } from "../../core/Ids.ts"
 import * as Keyring from "../../core/Keyring.ts"
 import * as MasterKey from "../../core/MasterKey.ts"

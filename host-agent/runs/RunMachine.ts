@@ -49,10 +49,7 @@ import {
   Schema,
   Scope as ScopeOps,
 } from "effect"
-import { Run } from "../../actors/run/Messages.ts"
-import * as Mailbox from "../../actors/runtime/Mailbox.ts"
-import { Scheduler, schedulerId } from "../../actors/scheduler/Messages.ts"
-import { Webhook } from "../../actors/webhooks/Messages.ts"
+import * as Mailbox from "../../core/actors/Mailbox.ts"
 import { Functions } from "../../core/Functions.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
@@ -63,6 +60,9 @@ import { Seal } from "../../core/Seal.ts"
 import type { SealStream } from "../../core/SealStream.ts"
 import { Secrets } from "../../core/Secrets.ts"
 import { Storage } from "../../core/Storage.ts"
+import { Run } from "../../schema/actors/Run.ts"
+import { Scheduler, schedulerId } from "../../schema/actors/Scheduler.ts"
+import { Webhook } from "../../schema/actors/Webhook.ts"
 import {
   type CommandRecord,
   CommandRecord as CommandRecordSchema,

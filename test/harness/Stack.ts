@@ -45,9 +45,9 @@ import {
   Option,
   Scope,
 } from "effect"
-import * as AccountClient from "../../actors/account/Client.ts"
 import * as Actors from "../../actors/main.ts"
 import * as Accounts from "../../core/Accounts.ts"
+import * as AccountClient from "../../core/actors/AccountClient.ts"
 import * as Connected from "../../core/Connected.ts"
 import * as Kv from "../../core/Kv.ts"
 import * as Log from "../../core/Log.ts"

@@ -1,7 +1,7 @@
 /**
  * The account actor's contract (type `account`, id = the account id): its messages, replies and
  * stored state. Other roles import this module to send to the actor or read its state; the handler
- * lives in `Account.ts` (actors role only).
+ * lives in `actors/account/Account.ts` (actors role only).
  *
  *   Adjust            → {balance_usd_nanos}        credit or debit once per `entry_id`
  *   Balance           → {balance_usd_nanos, minimum_balance_usd_nanos, available_usd_nanos}
@@ -12,10 +12,10 @@
  *   Charge            (run actor)  a `compute` ledger entry for minutes of a run, once per `entry_id`
  */
 import { Effect, Schema } from "effect"
-import { Count, Timestamp, UsdNanos } from "../../schema/Common.ts"
-import { Size } from "../../schema/Definition.ts"
-import { Actor as ActorRef, FunctionId, LedgerEntryId, RunId } from "../../schema/Ids.ts"
-import * as Actor from "../runtime/Actor.ts"
+import { Count, Timestamp, UsdNanos } from "../Common.ts"
+import { Size } from "../Definition.ts"
+import { Actor as ActorRef, FunctionId, LedgerEntryId, RunId } from "../Ids.ts"
+import * as Actor from "./Actor.ts"
 
 /** Kinds of ledger entry an `Adjust` may write (compute entries come from `Charge`, later). */
 export const AdjustKind = Schema.Literal("purchase", "refund", "dispute", "adjustment")

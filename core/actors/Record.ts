@@ -5,7 +5,7 @@
  * pending timers, and the last terminal failure.
  */
 import { Schema } from "effect"
-import type { AnyActor } from "./Actor.ts"
+import type { AnyActor } from "../../schema/actors/Actor.ts"
 
 /** An effect recorded with the state, carried out after the write. */
 export const OutboxEntry = Schema.Union(

@@ -5,14 +5,6 @@
  * webhook key that does not exist yet needs the actor (`EnsureWebhookKey`).
  */
 import { type Duration, Effect, Layer, Option } from "effect"
-import { makeId } from "../../core/Ids.ts"
-import type { Nats } from "../../core/Nats.ts"
-import type { Storage } from "../../core/Storage.ts"
-import { timestamp } from "../../schema/Common.ts"
-import type { LedgerEntryId, RunId } from "../../schema/Ids.ts"
-import * as Mailbox from "../runtime/Mailbox.ts"
-import { ActorSettings } from "../runtime/Settings.ts"
-import * as State from "../runtime/State.ts"
 import {
   Account,
   type AccountActorState,
@@ -23,7 +15,15 @@ import {
   initialState,
   type MayStartReply,
   publicKeyOf,
-} from "./Messages.ts"
+} from "../../schema/actors/Account.ts"
+import { timestamp } from "../../schema/Common.ts"
+import type { LedgerEntryId, RunId } from "../../schema/Ids.ts"
+import { makeId } from "../Ids.ts"
+import type { Nats } from "../Nats.ts"
+import type { Storage } from "../Storage.ts"
+import * as Mailbox from "./Mailbox.ts"
+import { ActorSettings } from "./Settings.ts"
+import * as State from "./State.ts"
 
 /** A mailbox client with the actor settings from `HANGAR_ACTOR_*` (same partitions as the workers). */
 export const mailboxLayer: Layer.Layer<Mailbox.Mailbox, never, Nats | Storage> = Mailbox.layer.pipe(

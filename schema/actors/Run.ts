@@ -1,7 +1,7 @@
 /**
  * The run actor's contract (type `run`, id = the run id): its messages, replies and stored state.
  * Senders (gateway, scheduler, host agents, webhooks) import this module; the handler lives in
- * `Run.ts` (actors role only). The run actor is the one writer of the run's record in KV `runs`
+ * `actors/run/Run.ts` (actors role only). The run actor is the one writer of the run's record in KV `runs`
  * (`StoredRun`, a projection of its state) and the creator of command records in KV `commands`.
  *
  *   Create         (gateway, ask)  → {run}                queued; 15-minute start timer; Enqueue to the scheduler
@@ -20,12 +20,12 @@
  * by CAS), timers cancelled, and a `run.*` webhook event when the run has a webhook.
  */
 import { Effect, Schema } from "effect"
-import { CommandKind, CommandRecord, CommandSource } from "../../schema/Command.ts"
-import { Count, IntAtLeast, Timestamp } from "../../schema/Common.ts"
-import { Size } from "../../schema/Definition.ts"
-import { AccountId, Actor, BaseName, CommandId, FunctionId, RunId, UploadId } from "../../schema/Ids.ts"
-import { RunFailure, RunUsage, StoredOutput, StoredRun } from "../../schema/Run.ts"
-import * as ActorDef from "../runtime/Actor.ts"
+import { CommandKind, CommandRecord, CommandSource } from "../Command.ts"
+import { Count, IntAtLeast, Timestamp } from "../Common.ts"
+import { Size } from "../Definition.ts"
+import { AccountId, Actor, BaseName, CommandId, FunctionId, RunId, UploadId } from "../Ids.ts"
+import { RunFailure, RunUsage, StoredOutput, StoredRun } from "../Run.ts"
+import * as ActorDef from "./Actor.ts"
 
 /**
  * Creates the run (idempotent: a second `Create` for an existing run answers its record). The

@@ -3,11 +3,11 @@
  * directly from KV `actors`, for tests and operators. Only the owning worker writes it.
  */
 import { Effect, Option } from "effect"
-import * as Kv from "../../core/Kv.ts"
-import type { Nats } from "../../core/Nats.ts"
-import { Storage } from "../../core/Storage.ts"
+import type { AnyActor, StateOf } from "../../schema/actors/Actor.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
-import type { AnyActor, StateOf } from "./Actor.ts"
+import * as Kv from "../Kv.ts"
+import type { Nats } from "../Nats.ts"
+import { Storage } from "../Storage.ts"
 import { type ActorRecord, recordSchema } from "./Record.ts"
 
 /** The stored record of actor `id`, or none if it has never handled a message. */

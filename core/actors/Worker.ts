@@ -23,13 +23,13 @@ import {
   Schedule,
   Scope,
 } from "effect"
-import type { Delivery } from "../../core/Consumer.ts"
-import * as Consumer from "../../core/Consumer.ts"
-import { makeId } from "../../core/Ids.ts"
-import * as Kv from "../../core/Kv.ts"
-import { Nats, type NatsError } from "../../core/Nats.ts"
-import { Storage } from "../../core/Storage.ts"
-import type { AnyActor } from "./Actor.ts"
+import type { AnyActor } from "../../schema/actors/Actor.ts"
+import type { Delivery } from "../Consumer.ts"
+import * as Consumer from "../Consumer.ts"
+import { makeId } from "../Ids.ts"
+import * as Kv from "../Kv.ts"
+import { Nats, type NatsError } from "../Nats.ts"
+import { Storage } from "../Storage.ts"
 import {
   type CrashPoint,
   handle,

@@ -2,15 +2,15 @@
  * The webhook actor's contract (type `webhook`, id = the event id): one actor per event, which
  * posts the event to the run's webhook address with Standard Webhooks headers signed (Ed25519,
  * `v1a`) by the account's key, at once, after 1 minute and after 10 minutes (`WebhookSettings`),
- * until a 2xx answers within 10 seconds. The handler lives in `Webhook.ts` (actors role only).
+ * until a 2xx answers within 10 seconds. The handler lives in `actors/webhooks/Webhook.ts` (actors role only).
  *
  *   Deliver  (run actor, host agent)  the event to post (idempotent by event id)
  *   Attempt  (own timer)              the next attempt
  */
 import { Effect, Schema } from "effect"
-import { Count, Timestamp } from "../../schema/Common.ts"
-import { AccountId, EventId, RunId } from "../../schema/Ids.ts"
-import * as ActorDef from "../runtime/Actor.ts"
+import { Count, Timestamp } from "../Common.ts"
+import { AccountId, EventId, RunId } from "../Ids.ts"
+import * as ActorDef from "./Actor.ts"
 
 /**
  * An event to deliver. `body` is the event's JSON as it will be posted, except that a run event's

@@ -1,7 +1,7 @@
 /**
  * The scheduler actor's contract (type `scheduler`, one instance, id `main`): the queue of runs
  * waiting for a machine, in creation order, and where each placed run went. The handler lives in
- * `Scheduler.ts` (actors role only).
+ * `actors/scheduler/Scheduler.ts` (actors role only).
  *
  *   Enqueue  (run actor)   a queued run waits (idempotent by run id)
  *   Dequeue  (run actor)   the run ended while queued or placed: forget it
@@ -17,10 +17,10 @@
  * is the authority on its own room: it may refuse an offer, and the run is offered again later.
  */
 import { Effect, Schema } from "effect"
-import { IntAtLeast, Timestamp } from "../../schema/Common.ts"
-import { Size } from "../../schema/Definition.ts"
-import { AccountId, RunId } from "../../schema/Ids.ts"
-import * as ActorDef from "../runtime/Actor.ts"
+import { IntAtLeast, Timestamp } from "../Common.ts"
+import { Size } from "../Definition.ts"
+import { AccountId, RunId } from "../Ids.ts"
+import * as ActorDef from "./Actor.ts"
 
 /** The one scheduler's id. */
 export const schedulerId = "main"

@@ -2,7 +2,7 @@
  * Settings of the actor runtime (`HANGAR_ACTOR_*`). Every worker and sender of one deployment must
  * use the same partition count: it decides the mailbox subject of an actor.
  */
-import { defineSettings, env } from "../../core/Config.ts"
+import { defineSettings, env } from "../Config.ts"
 
 export interface ActorSettingsShape {
   /** Mailbox partitions per actor type (default 32). */

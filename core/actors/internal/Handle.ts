@@ -16,12 +16,12 @@
  * actor keep up (group commit); a lone message is a group of one.
  */
 import { Cause, Clock, Data, Effect, Either, Exit, Option } from "effect"
-import type { Delivery } from "../../../core/Consumer.ts"
-import type { Kv } from "../../../core/Kv.ts"
-import type { Nats, NatsError } from "../../../core/Nats.ts"
+import { type ActorContext, type AnyActor, isRetryable } from "../../../schema/actors/Actor.ts"
 import type { StorageNames } from "../../../schema/Subjects.ts"
 import { kvKeys } from "../../../schema/Subjects.ts"
-import { type ActorContext, type AnyActor, isRetryable } from "../Actor.ts"
+import type { Delivery } from "../../Consumer.ts"
+import type { Kv } from "../../Kv.ts"
+import type { Nats, NatsError } from "../../Nats.ts"
 import { encodeMessage, REPLY_HEADER } from "../Mailbox.ts"
 import { publishAll, TIMER_HEADER, TIMER_ID_HEADER } from "../Outbox.ts"
 import { partitionOf } from "../Partition.ts"

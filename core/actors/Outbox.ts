@@ -5,10 +5,10 @@
  * MAILBOX duplicate window); a cancel purges a subject; a reply to a gone requester is lost.
  */
 import { Effect } from "effect"
-import * as Inbox from "../../core/Inbox.ts"
-import type { Nats, NatsError } from "../../core/Nats.ts"
-import { purgeSubject } from "../../core/Purge.ts"
-import * as JsStream from "../../core/Stream.ts"
+import * as Inbox from "../Inbox.ts"
+import type { Nats, NatsError } from "../Nats.ts"
+import { purgeSubject } from "../Purge.ts"
+import * as JsStream from "../Stream.ts"
 import type { OutboxEntry } from "./Record.ts"
 
 /** Header on a fired timer message: the timer's name. */

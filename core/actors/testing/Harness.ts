@@ -3,10 +3,10 @@
  * (so a test can close or "kill" one), and polling for a condition on stored state.
  */
 import { Context, Duration, Effect, Exit, Layer, Logger, LogLevel, Option, Scope } from "effect"
-import * as Nats from "../../../core/Nats.ts"
-import * as Storage from "../../../core/Storage.ts"
+import type { AnyActor } from "../../../schema/actors/Actor.ts"
 import { uniquePrefix } from "../../../test/harness/names.ts"
-import type { AnyActor } from "../Actor.ts"
+import * as Nats from "../../Nats.ts"
+import * as Storage from "../../Storage.ts"
 import * as Mailbox from "../Mailbox.ts"
 import { ActorSettings, type ActorSettingsShape } from "../Settings.ts"
 import * as Worker from "../Worker.ts"

@@ -15,10 +15,10 @@
  * not know changes nothing; runs it held fail `infrastructure` when its record goes stale.
  */
 import { Effect, Schema } from "effect"
-import { IntAtLeast } from "../../schema/Common.ts"
-import { Size } from "../../schema/Definition.ts"
-import { AccountId, CommandId, RunId } from "../../schema/Ids.ts"
-import * as ActorDef from "../runtime/Actor.ts"
+import { IntAtLeast } from "../Common.ts"
+import { Size } from "../Definition.ts"
+import { AccountId, CommandId, RunId } from "../Ids.ts"
+import * as ActorDef from "./Actor.ts"
 
 /** Start the run's machine; the host reads the run (KV `runs`) and its version for the rest. */
 export const Place = Schema.TaggedStruct("Place", {

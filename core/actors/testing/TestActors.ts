@@ -4,7 +4,7 @@
  * notices a handler running twice at once for one actor.
  */
 import { Effect, Schema } from "effect"
-import * as Actor from "../Actor.ts"
+import * as Actor from "../../../schema/actors/Actor.ts"
 
 /** Actor ids whose handler is running right now, and how often one was entered twice. */
 export const running = new Set<string>()

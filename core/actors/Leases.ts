@@ -10,8 +10,8 @@
  * stopped before anyone else starts; the state compare-and-set catches the rest.
  */
 import { Effect, Option, Schema } from "effect"
-import * as Kv from "../../core/Kv.ts"
-import type { Nats, NatsError } from "../../core/Nats.ts"
+import * as Kv from "../Kv.ts"
+import type { Nats, NatsError } from "../Nats.ts"
 
 /** A lease or presence record. */
 export const LeaseValue = Schema.Struct({

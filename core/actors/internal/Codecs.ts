@@ -6,7 +6,7 @@
  */
 import { type Either, Schema } from "effect"
 import type { ParseError } from "effect/ParseResult"
-import type { AnyActor } from "../Actor.ts"
+import type { AnyActor } from "../../../schema/actors/Actor.ts"
 
 export interface Codecs {
   /** A mailbox body (the message's JSON with its `_tag`) to the message. */
