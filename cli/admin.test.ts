@@ -89,6 +89,10 @@ describe("hangar admin", () => {
       ["token"],
       ["token", "--email", "not-an-email"],
       ["suspend", "--account", "x"],
+      ["suspend", "--account"],
+      ["suspend", "--account", "acc_00000000000000000000000000", "--account", "acc_00000000000000000000000001"],
+      ["suspend", "--acount", "acc_00000000000000000000000000"],
+      ["suspend", "stray", "--account", "acc_00000000000000000000000000"],
     ]) {
       const r = await hangar(...args)
       expect({ args, code: r.code, stdout: r.stdout }).toEqual({ args, code: 2, stdout: "" })

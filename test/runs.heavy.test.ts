@@ -326,6 +326,20 @@ describe("every role in its own process (hangar serve <role>)", () => {
   }
   const ranMinutes = (ended: Json) =>
     Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / minuteMs))
+  // The run's whole log: its last part is stored as its machine goes, just after the run ends.
+  const logOf = async (run: string): Promise<Array<Json>> => {
+    const deadline = Date.now() + 30_000
+    for (;;) {
+      const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
+      expect(log.status).toBe(200)
+      const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
+        .flatMap((p) => p.data.toString("utf8").split("\n"))
+        .filter((l) => l !== "")
+        .map((l) => JSON.parse(l) as Json)
+      if (lines.some((l) => l.kind === "end") || Date.now() > deadline) return lines
+      await new Promise((r) => setTimeout(r, 100))
+    }
+  }
   // A run of its own, with a file written and a command left sleeping in it.
   const busyRun = async (fn: Json) => {
     const run = (await startRun(stack, acct, fn.function)).id
@@ -376,12 +390,7 @@ describe("every role in its own process (hangar serve <role>)", () => {
     const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
     expect(ended, problems(stack)).toMatchObject({ state: "succeeded", output: { file_count: 1 } })
     // The log goes on after the earlier life's parts (none is written over): its lines and the adoption.
-    const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
-    expect(log.status).toBe(200)
-    const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
-      .flatMap((p) => p.data.toString("utf8").split("\n"))
-      .filter((l) => l !== "")
-      .map((l) => JSON.parse(l).kind)
+    const lines = (await logOf(run)).map((l) => l.kind)
     expect(lines).toEqual(expect.arrayContaining(["machine", "ready", "adopted", "finish", "end"]))
     expect(lines.indexOf("ready")).toBeLessThan(lines.indexOf("adopted"))
     expect(await leftovers(machineIdOf(run))).toEqual([])
@@ -411,12 +420,7 @@ describe("every role in its own process (hangar serve <role>)", () => {
     })
     const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
     expect(ended, problems(stack)).toMatchObject({ state: "succeeded" })
-    const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
-    const machines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
-      .flatMap((p) => p.data.toString("utf8").split("\n"))
-      .filter((l) => l !== "")
-      .map((l) => JSON.parse(l))
-      .filter((l) => l.kind === "machine")
+    const machines = (await logOf(run)).filter((l) => l.kind === "machine")
     expect(machines.at(-1)).toMatchObject({ started_over: true })
     expect(await leftovers(machineIdOf(run))).toEqual([])
     expect(await billedMinutes(run)).toBe(ranMinutes(ended))
