@@ -192,7 +192,9 @@ export const keep = (machine: Machine, run: StoredRun, clientKey: string) =>
       account: run.account,
       key: Buffer.from(sealed).toString("base64"),
     })
-    yield* (yield* MachineDriver).keep(machine, note)
+    // Not cut off midway: an interrupted file write would go on in the background, and could put
+    // the file back into a folder the machine's end is removing.
+    yield* Effect.uninterruptible((yield* MachineDriver).keep(machine, note))
   })
 
 /** The note `MachineDriver.claim` keeps for `run`'s machine. */
@@ -445,18 +447,25 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           ),
         )
         const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
-        // The machine goes when the life's scope closes, made here or adopted.
-        const owning = (made: Effect.Effect<Machine, LifeFailed>) =>
-          Effect.acquireRelease(made, (m) =>
-            driver
-              .destroy(m.id)
-              .pipe(
-                Effect.catchAll((e) =>
-                  Effect.logError("machine not fully removed").pipe(
-                    Effect.annotateLogs({ run: runId, detail: e.detail }),
+        // The machine goes when the life's scope closes, made here or adopted. `made` is set inside
+        // the acquisition (which is not interrupted once begun), so an interruption just before it
+        // leaves the claim to its own finalizer and one after it leaves the machine to this one.
+        const owning = (making: Effect.Effect<Machine, LifeFailed>) =>
+          Effect.acquireRelease(
+            Effect.suspend(() => {
+              made = true
+              return making
+            }),
+            (m) =>
+              driver
+                .destroy(m.id)
+                .pipe(
+                  Effect.catchAll((e) =>
+                    Effect.logError("machine not fully removed").pipe(
+                      Effect.annotateLogs({ run: runId, detail: e.detail }),
+                    ),
                   ),
                 ),
-              ),
           ).pipe(ScopeOps.extend(scope))
         const connected = (machine: Machine, privateKey: string, what: string) =>
           connect({ ...machine.ssh, privateKey }).pipe(
@@ -481,7 +490,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
           const keys = { client: newKeyPair(), host: newKeyPair() }
           clientKey = keys.client.private
-          made = true
           machine = yield* owning(
             driver
               .create({
@@ -507,7 +515,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           })
           guest = yield* connected(machine, clientKey, "connecting to the machine")
         } else {
-          made = true
           machine = yield* owning(Effect.succeed(kept))
           const note = Option.getOrUndefined(decodeNote(earlier?.note))
           if (note?.key === undefined || note.account !== run.account)

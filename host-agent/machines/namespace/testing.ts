@@ -33,7 +33,9 @@ export const leftovers = async (id: string): Promise<Array<string>> => {
   const s = NamespaceDriverSettings.defaults
   const found: Array<string> = []
   const dir = join(s.machinesDir, id)
-  if (await exists(dir)) found.push(`folder ${dir}`)
+  // What the folder still holds tells a claim (owner, kept.json) from a machine half removed.
+  if (await exists(dir))
+    found.push(`folder ${dir} (${(await readdir(dir).catch(() => [] as Array<string>)).join(", ")})`)
   for (const c of await Cgroups.hierarchies(s.cgroupRoot)) {
     if (await exists(Cgroups.groupOf(s.cgroupRoot, c, id))) found.push(`cgroup ${c}/hangar/${id}`)
   }
