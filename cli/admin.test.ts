@@ -90,7 +90,13 @@ describe("hangar admin", () => {
       ["token", "--email", "not-an-email"],
       ["suspend", "--account", "x"],
       ["suspend", "--account"],
-      ["suspend", "--account", "acc_00000000000000000000000000", "--account", "acc_00000000000000000000000001"],
+      [
+        "suspend",
+        "--account",
+        "acc_00000000000000000000000000",
+        "--account",
+        "acc_00000000000000000000000001",
+      ],
       ["suspend", "--acount", "acc_00000000000000000000000000"],
       ["suspend", "stray", "--account", "acc_00000000000000000000000000"],
     ]) {

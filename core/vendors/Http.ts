@@ -19,6 +19,7 @@ import {
   type HttpClientResponse,
 } from "@effect/platform"
 import { Duration, Effect, Option, ParseResult, Redacted, Schema, Stream } from "effect"
+import { createParser } from "eventsource-parser"
 import type { Vendor } from "../../schema/Provider.ts"
 import { type CallUsage, ChatRefused, type Item, type Part, type ToolCall } from "./Chat.ts"
 import { scrubKey, VendorRejectedKey, VendorUnavailable } from "./Errors.ts"
@@ -122,26 +123,40 @@ export interface Assembler {
   readonly result: () => unknown
 }
 
-/** Splits a text stream of server-sent events into events (`data:` lines joined, comments skipped). */
-const sseEvents = <E, R>(text: Stream.Stream<string, E, R>): Stream.Stream<SseEvent, E, R> =>
-  text.pipe(
-    Stream.mapAccum("", (pending, chunk) => {
-      const blocks = (pending + chunk).split(/\r?\n\r?\n/)
-      const rest = blocks.pop() ?? ""
-      return [rest, blocks] as const
-    }),
-    Stream.flattenIterables,
-    Stream.filterMap((block) => {
-      let event: string | undefined
-      const data: Array<string> = []
-      for (const line of block.split(/\r?\n/)) {
-        if (line.startsWith("event:")) event = line.slice(6).trim()
-        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""))
-      }
-      if (data.length === 0) return Option.none()
-      return Option.some({ event, data: parseJson(data.join("\n")) })
-    }),
-  )
+// The most one event (or an unfinished line) may hold before the stream is given up as broken.
+const SSE_MAX_BUFFER_CHARS = 64 * 1024 * 1024
+
+/**
+ * Splits a text stream of server-sent events into events (`eventsource-parser`: every line ending
+ * the spec allows, `data:` lines joined, comments and `id:`/`retry:` passed over). A stream that
+ * holds more than 64 Mi characters without ending an event fails with `broken`.
+ */
+const sseEvents = <E, R, B>(
+  text: Stream.Stream<string, E, R>,
+  broken: (message: string) => B,
+): Stream.Stream<SseEvent, E | B, R> =>
+  Stream.suspend(() => {
+    let ready: Array<SseEvent> = []
+    let failure: string | undefined
+    const parser = createParser({
+      maxBufferSize: SSE_MAX_BUFFER_CHARS,
+      onEvent: (message) => {
+        ready.push({ event: message.event, data: parseJson(message.data) })
+      },
+      onError: (error) => {
+        failure = error.message
+      },
+    })
+    return text.pipe(
+      Stream.mapConcatEffect((chunk) => {
+        if (failure === undefined) parser.feed(chunk)
+        if (failure !== undefined) return Effect.fail(broken(`the answer's stream is malformed: ${failure}`))
+        const out = ready
+        ready = []
+        return Effect.succeed(out)
+      }),
+    )
+  })
 
 const exchange = <A, I, R>(
   http: HttpClient.HttpClient,
@@ -170,8 +185,9 @@ const exchange = <A, I, R>(
   // A streamed answer is read event by event, each within the timeout (a long answer that keeps
   // coming is not cut).
   const readStream = (response: HttpClientResponse.HttpClientResponse, assembling: Assembler) =>
-    sseEvents(Stream.decodeText(response.stream)).pipe(
-      Stream.mapError(transport),
+    sseEvents(Stream.decodeText(response.stream).pipe(Stream.mapError(transport)), (message) =>
+      unavailable(200, message),
+    ).pipe(
       Stream.timeoutFail(
         () => unavailable(0, `no event of the answer within ${endpoint.timeoutMs} ms`),
         Duration.millis(endpoint.timeoutMs),

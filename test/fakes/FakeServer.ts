@@ -151,6 +151,8 @@ export interface FakeOptions {
   readonly authorize: (request: RecordedRequest) => Reply | undefined
   /** The reply for a path no route serves, in the vendor's error shape. */
   readonly notFound: (request: RecordedRequest) => Reply
+  /** How the vendor ends a line of a server-sent event stream (`\n` unless said; Google `\r\n`). */
+  readonly sseLineEnd?: string
 }
 
 /** The controls every fake offers. */
@@ -224,7 +226,8 @@ export const start = (options: FakeOptions): Effect.Effect<FakeControls, never, 
             res.socket?.destroySoon()
             return
           }
-          res.write(`${e.event ? `event: ${e.event}\n` : ""}data: ${JSON.stringify(e.data)}\n\n`)
+          const nl = options.sseLineEnd ?? "\n"
+          res.write(`${e.event ? `event: ${e.event}${nl}` : ""}data: ${JSON.stringify(e.data)}${nl}${nl}`)
         }
         res.end()
         return

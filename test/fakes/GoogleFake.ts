@@ -408,6 +408,8 @@ export const make = (options: {
     let models: ReadonlyArray<GoogleModel> = options.models ?? []
     let maxPageSize = 1000
     const controls = yield* start({
+      // Gemini's `alt=sse` stream ends its lines with CR LF.
+      sseLineEnd: "\r\n",
       authorize: (req) => {
         const key = req.headers["x-goog-api-key"] ?? req.query.key
         if (key === undefined) {
