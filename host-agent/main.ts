@@ -22,6 +22,7 @@ import * as Seal from "../core/Seal.ts"
 import * as SealStream from "../core/SealStream.ts"
 import * as Secrets from "../core/Secrets.ts"
 import type { Storage } from "../core/Storage.ts"
+import { TerminalSettings } from "../core/Terminal.ts"
 import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
 import { BasesSettings } from "./bases/Bases.ts"
 import * as NamespaceDriver from "./machines/namespace/NamespaceDriver.ts"
@@ -61,6 +62,7 @@ const runServices = Layer.mergeAll(
   Links.layer.pipe(Layer.provide(Links.LinkSettings.layerFromEnv)),
   Mailbox.layer,
   RunSettings.layerFromEnv,
+  TerminalSettings.layerFromEnv,
 ).pipe(Layer.provideMerge(sealing), Layer.provideMerge(ActorSettings.layerFromEnv))
 
 /**

@@ -124,6 +124,11 @@ export interface StorageNames {
     readonly mailboxPartition: (type: string, partition: number) => string
     /** `mbt.<type>.<partition>.<id>.<timer>`: where the schedule of a timer sits; it fires into the mailbox. */
     readonly timer: (type: string, partition: number, id: string, timer: string) => string
+    /**
+     * `term.<route>.<part>` (core NATS, not stored): a terminal route between a relay and the host
+     * end (`core/TerminalRoute.ts`): `join`, `in` (towards the host), `out` (towards the caller).
+     */
+    readonly terminal: (route: string, part: "join" | "in" | "out") => string
     /** `out.<run>.<cmd>`: output chunks of one command. */
     readonly output: (run: string, cmd: string) => string
     /** `out.<run>.*`: output of every command of a run. */
@@ -192,6 +197,8 @@ export const storageNames = (prefix = ""): StorageNames => {
       // mbt.<type>.<partition>.<id>.<timer>
       timer: (type, partition, id, timer) =>
         subject("mbt", token(type), token(partition), token(id), token(timer)),
+      // term.<route>.<part>
+      terminal: (route, part) => subject("term", token(route), part),
       // out.<run>.<cmd>
       output: (run, cmd) => subject("out", token(run), token(cmd)),
       // out.<run>.*

@@ -30,6 +30,7 @@ import * as Seal from "../../core/Seal.ts"
 import * as SealStream from "../../core/SealStream.ts"
 import * as Secrets from "../../core/Secrets.ts"
 import * as Storage from "../../core/Storage.ts"
+import { TerminalSettings } from "../../core/Terminal.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import { Host as HostActorDef, type HostMessage } from "../../schema/actors/Host.ts"
 import { CommandRecord } from "../../schema/Command.ts"
@@ -85,6 +86,7 @@ const services = (url: string, prefix: string) => {
     Mailbox.layer,
     Layer.succeed(Links.Links, Links.fromKey(createSecretKey(randomBytes(32)), { base: "http://dl.test" })),
     RunSettings.layer({ logFlushMs: 300, endGraceMs: 10_000 }),
+    TerminalSettings.layer({ joinWaitMs: 2_000 }),
     BasesSettings.layer(),
     Layer.succeed(MachineDriver, namespaceDriver(NamespaceDriverSettings.defaults)),
   ).pipe(
@@ -429,7 +431,8 @@ describe("HostActor", () => {
       state: "succeeded",
       result: { download_url: expect.stringMatching(/^http:\/\/dl\.test\/v1\/downloads\/files\/cmd_/) },
     })
-    expect(await ended(a, 7)).toMatchObject({ state: "failed", error: "terminals are not available yet" })
+    // A public key that is not a point of the curve: refused, naming the field.
+    expect(await ended(a, 7)).toMatchObject({ state: "failed", error: "public_key: is not a point of P-256" })
     expect(await ended(a, 8)).toMatchObject({ state: "succeeded", result: { accepted: true } })
     const succeed = await message(a, "Succeed")
     expect(succeed).toMatchObject({

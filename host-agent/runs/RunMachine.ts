@@ -60,6 +60,7 @@ import { Seal } from "../../core/Seal.ts"
 import type { SealStream } from "../../core/SealStream.ts"
 import { Secrets } from "../../core/Secrets.ts"
 import { Storage } from "../../core/Storage.ts"
+import { TerminalSettings } from "../../core/Terminal.ts"
 import { Run } from "../../schema/actors/Run.ts"
 import { Scheduler, schedulerId } from "../../schema/actors/Scheduler.ts"
 import { Webhook } from "../../schema/actors/Webhook.ts"
@@ -86,6 +87,7 @@ import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as RunLog from "./RunLog.ts"
 import { RunSettings } from "./RunSettings.ts"
+import * as TerminalSession from "./TerminalSession.ts"
 
 /** What a run's machine needs. */
 export type RunMachineServices =
@@ -93,6 +95,7 @@ export type RunMachineServices =
   | Storage
   | SealStream
   | Seal
+  | Context.Tag.Identifier<typeof TerminalSettings.Tag>
   | Mailbox.Mailbox
   | MachineDriver
   | Capacity
@@ -229,6 +232,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
     const capacity = yield* Capacity
     const links = yield* Links
     const seal = yield* Seal
+    const terminalSettings = yield* TerminalSettings.Tag
     const scope = yield* ScopeOps.make()
     const done = yield* Deferred.make<void>()
     const dispatcherReady = yield* Deferred.make<Dispatcher.Dispatcher>()
@@ -713,6 +717,31 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             yield* succeed(packed, args.detail)
           }).pipe(Effect.ignore)
 
+        // A terminal starts at its turn; its command ends as soon as the session is there to join
+        // (its result says where), and the session goes on until the shell exits or the run ends.
+        const openTerminal = (t: Tracked) =>
+          Effect.gen(function* () {
+            const record = t.record
+            if (record.kind !== "terminal") return
+            yield* dispatcher.turn(record.sequence)
+            const opened = yield* TerminalSession.open(
+              { guest, env, settings: terminalSettings, log: log.append, scope },
+              { command: record.id, ...record.arguments },
+            ).pipe(Effect.either)
+            yield* finishRecord(
+              t,
+              opened._tag === "Right"
+                ? { state: "succeeded", result: opened.right as CommandResult }
+                : {
+                    state: "failed",
+                    error:
+                      "field" in opened.left
+                        ? `${opened.left.field}: ${opened.left.detail}`
+                        : `the terminal could not be opened: ${describe(opened.left)}`,
+                  },
+            )
+          })
+
         const handleFinish = (t: Tracked) =>
           Effect.gen(function* () {
             const record = t.record
@@ -834,8 +863,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               return
             }
             if (record.kind === "terminal") {
-              yield* dispatcher.skip(record.sequence)
-              return yield* finishRecord(t, { state: "failed", error: "terminals are not available yet" })
+              t.fiber = yield* Effect.forkIn(openTerminal(t), scope)
+              return
             }
             t.dispatched = true
             const ticket = yield* dispatcher.submit(record).pipe(Effect.either)

@@ -56,6 +56,7 @@ import { type Storage, Storage as StorageTag } from "../../core/Storage.ts"
 import { root } from "../../deploy/tools.mjs"
 import { personToken } from "../../gateway/auth/testing.ts"
 import * as Gateway from "../../gateway/main.ts"
+import * as Relay from "../../relay/main.ts"
 import { type Base, ensureTestBase } from "../../host-agent/bases/Bases.ts"
 import * as NamespaceDriver from "../../host-agent/machines/namespace/NamespaceDriver.ts"
 import { leftovers } from "../../host-agent/machines/namespace/testing.ts"
@@ -98,6 +99,8 @@ export interface StackOptions {
    * deployed; their log lines still reach `lines`. Stopping a role is SIGTERM, killing it SIGKILL.
    */
   readonly processes?: boolean
+  /** Runs the terminal relay too (`HANGAR_RELAY_ADDR` on a free port; `Stack.relayUrl`). */
+  readonly relay?: boolean
   /**
    * The in-process roles share one connection, as `npm start` runs them (`deploy/Local.ts`);
    * otherwise each has its own, so a killed role's connection can be cut alone (`killActors`
@@ -123,7 +126,7 @@ export const settingNames = {
 } as const
 
 /** A role the stack runs. */
-export type Role = "gateway" | "actors" | "host"
+export type Role = "gateway" | "actors" | "host" | "relay"
 
 /** One log line of the stack, with the role that wrote it. */
 export interface StackLine {
@@ -148,6 +151,8 @@ export interface TestAccount {
 export interface Stack {
   /** The gateway's base URL (the same across gateway restarts). */
   readonly url: string
+  /** Where callers reach the stack's relay (`ws://…/terminal`; it runs only with `relay`). */
+  readonly relayUrl: string
   readonly natsUrl: string
   /** The nats-server's process id (to stop and continue it, as a frozen server would be). */
   readonly natsPid: number
@@ -215,6 +220,7 @@ const served: Record<Role, { readonly name: string; readonly ready: string }> = 
   actors: { name: "actors", ready: "actor worker ready" },
   host: { name: "host-agent", ready: "host actor consuming" },
   gateway: { name: "gateway", ready: "gateway listening" },
+  relay: { name: "relay", ready: "relay listening" },
 }
 
 /** Ends a child role: `signal`, then SIGKILL if it has not exited within 30 s. */
@@ -257,12 +263,14 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const dir = await mkdtemp(join(tmpdir(), "hangar-stack-"))
   const prefix = uniquePrefix()
   const port = await freePort()
+  const relayPort = await freePort()
   const hostId = derivedId(randomBytes(16).toString("hex"), dir)
   const env: Record<string, string> = {
     NATS_URL: nats.url,
     STORAGE_PREFIX: prefix,
     HTTP_ADDR: `127.0.0.1:${port}`,
     PUBLIC_URL: `http://127.0.0.1:${port}`,
+    RELAY_ADDR: `127.0.0.1:${relayPort}`,
     RATE_LIMIT_PER_SECOND: "1000000",
     RATE_LIMIT_BURST: "1000000",
     OIDC_KEY_FILE: join(dir, "issuer.key"),
@@ -379,6 +387,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     actors: onNats(Actors.layer),
     host: onNats(HostAgent.layer),
     gateway: onNats(Gateway.layer),
+    relay: onNats(Relay.layer),
   }
   const pieces = new Map<Role, Piece>()
   const start = async (role: Role) => {
@@ -411,7 +420,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const runs = new Set<string>()
 
   const closeAll = async () => {
-    for (const role of ["gateway", "host", "actors"] as const) await stop(role)
+    for (const role of ["gateway", "relay", "host", "actors"] as const) await stop(role)
     await closeScope(client.scope)
     if (shared !== undefined) await closeScope(shared.scope)
     await nats.stop()
@@ -421,6 +430,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   try {
     await start("actors")
     if (!options.noHost) await start("host")
+    if (options.relay === true) await start("relay")
     await start("gateway")
   } catch (e) {
     await closeAll()
@@ -429,6 +439,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
 
   return {
     url: `http://127.0.0.1:${port}`,
+    relayUrl: `ws://127.0.0.1:${relayPort}/terminal`,
     natsUrl: nats.url,
     get natsPid() {
       return nats.pid

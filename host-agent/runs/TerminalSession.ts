@@ -1,0 +1,218 @@
+/**
+ * A `terminal` command's session, host side (spec "Terminal session protocol"): a fresh ECDH
+ * P-256 pair (its private half never leaves this process), a route of 128 random bits, the
+ * machine's login shell on a PTY (`guest/Terminal.ts`), and the host end of the route
+ * (`core/TerminalRoute.ts`) through which a relay passes the caller's frames.
+ *
+ * `open` answers the command's result at once; the session goes on in its own fiber in the
+ * machine's scope, so the run's end closes it. It ends when the shell exits (an exit status frame,
+ * then a `close 1000`), when the caller's relay says the caller went away, when a frame breaks the
+ * protocol (`close 1008`/`1009` with the reason), or when no caller joined within the join wait.
+ * Output waits for the relay's credit (`windowFrames` ahead), so a slow caller slows the shell's
+ * output rather than filling memory. The run log gets a line when a terminal opens and closes
+ * (command id, when, exit status or reason), never what was typed or shown.
+ */
+import { randomBytes } from "node:crypto"
+import { Cause, Deferred, Effect, ExecutionStrategy, Exit, Fiber, Option, Queue, Scope, Stream } from "effect"
+import type { Nats, NatsError } from "../../core/Nats.ts"
+import type { Storage } from "../../core/Storage.ts"
+import * as Protocol from "../../core/Terminal.ts"
+import * as Route from "../../core/TerminalRoute.ts"
+import type { GuestSession, GuestUnavailable, InvalidArguments } from "../guest/GuestSession.ts"
+import * as Terminal from "../guest/Terminal.ts"
+
+/** What `open` needs from the run's machine. */
+export interface SessionContext {
+  readonly guest: GuestSession
+  /** The run's variables (the command's own `env` goes over them). */
+  readonly env: Readonly<Record<string, string>>
+  readonly settings: Protocol.TerminalSettingsShape
+  /** Adds a line to the run's log. */
+  readonly log: (kind: string, fields: Readonly<Record<string, unknown>>) => Effect.Effect<void>
+  /** The scope the session lives in (the machine's): closing it ends the session. */
+  readonly scope: Scope.Scope
+}
+
+/** What a `terminal` command asks. */
+export interface SessionArgs {
+  readonly command: string
+  readonly rows: number
+  readonly cols: number
+  /** The caller's public key: an uncompressed P-256 point, base64url. */
+  readonly public_key: string
+  readonly env?: Readonly<Record<string, string>> | undefined
+}
+
+/** The command's result: where to meet the host, and the host's public key. */
+export interface SessionResult {
+  readonly relay_url: string
+  readonly route: string
+  readonly public_key: string
+}
+
+/** Opens the session and answers where the caller meets it. */
+export const open = (
+  context: SessionContext,
+  args: SessionArgs,
+): Effect.Effect<
+  SessionResult,
+  GuestUnavailable | InvalidArguments | Protocol.TerminalRefused | NatsError,
+  Nats | Storage
+> =>
+  Effect.gen(function* () {
+    const callerKey = Buffer.from(args.public_key, "base64url")
+    const own = Protocol.newKeyPair()
+    const keys = yield* Effect.try({
+      try: () => Protocol.sessionKeys(own.ecdh, callerKey, callerKey, own.publicKey),
+      catch: () => new Protocol.TerminalRefused({ field: "public_key", detail: "is not a point of P-256" }),
+    })
+    const route = randomBytes(16).toString("base64url")
+    const session = yield* Scope.fork(context.scope, ExecutionStrategy.sequential)
+    const opened = yield* Effect.all([
+      Terminal.open(context.guest, {
+        rows: args.rows,
+        cols: args.cols,
+        env: { ...context.env, ...args.env },
+      }),
+      Route.hostEnd(route),
+    ]).pipe(
+      Scope.extend(session),
+      Effect.onError(() => Scope.close(session, Exit.void)),
+    )
+    const [shell, end] = opened
+    yield* context.log("terminal", { command: args.command, state: "opened" })
+    const closed = (fields: Readonly<Record<string, unknown>>) =>
+      context.log("terminal", { command: args.command, state: "closed", ...fields })
+    yield* run(shell, end, keys, context.settings, closed).pipe(
+      Effect.ensuring(Scope.close(session, Exit.void)),
+      Effect.forkIn(context.scope),
+    )
+    return {
+      relay_url: Protocol.relayUrlOf(context.settings),
+      route,
+      public_key: own.publicKey.toString("base64url"),
+    }
+  })
+
+/** How a session ended: the code and reason the caller's WebSocket closes with. */
+interface Ending {
+  readonly code: number
+  readonly reason: string
+  readonly exitStatus?: number
+}
+
+const run = (
+  shell: Terminal.Terminal,
+  end: Route.HostEnd,
+  keys: { readonly callerToHost: Buffer; readonly hostToCaller: Buffer },
+  settings: Protocol.TerminalSettingsShape,
+  closed: (fields: Readonly<Record<string, unknown>>) => Effect.Effect<void>,
+) =>
+  Effect.gen(function* () {
+    const joined = yield* Deferred.await(end.joined).pipe(Effect.timeout(settings.joinWaitMs), Effect.option)
+    if (Option.isNone(joined)) return yield* closed({ reason: "no caller joined in time" })
+
+    let outSequence = 0n
+    let inSequence = 0n
+    const credit = yield* Queue.unbounded<void>()
+    yield* Queue.offerAll(
+      credit,
+      Array.from({ length: settings.windowFrames }, () => undefined),
+    )
+    const send = (kind: number, data: Uint8Array) =>
+      Effect.suspend(() => end.send(Protocol.seal(keys.hostToCaller, kind, outSequence++, data)))
+    const ending = yield* Deferred.make<Ending>()
+    const finish = (e: Ending) => Deferred.succeed(ending, e).pipe(Effect.asVoid)
+
+    // The caller's frames, in order; a note from the relay gives credit or ends the session.
+    const inbound = Effect.gen(function* () {
+      for (;;) {
+        const message = yield* Queue.take(end.incoming)
+        const note = Protocol.decodeNote(message)
+        if (note?._tag === "credit") {
+          yield* Queue.offerAll(
+            credit,
+            Array.from({ length: note.frames }, () => undefined),
+          )
+          continue
+        }
+        if (note?._tag === "close") return yield* finish({ code: note.code, reason: note.reason })
+        const head = Protocol.peek(message)
+        if ("problem" in head) return yield* finish({ code: Protocol.CloseCode.tooBig, reason: head.problem })
+        if (!Protocol.callerKinds.has(head.kind))
+          return yield* finish({
+            code: Protocol.CloseCode.protocol,
+            reason: `frame of unknown kind ${head.kind}`,
+          })
+        const frame = Protocol.open(keys.callerToHost, message, inSequence)
+        if ("problem" in frame)
+          return yield* finish({ code: Protocol.CloseCode.protocol, reason: frame.problem })
+        inSequence++
+        if (frame.kind === Protocol.Kind.input) yield* shell.write(frame.data)
+        else {
+          if (frame.data.length !== 4)
+            return yield* finish({
+              code: Protocol.CloseCode.protocol,
+              reason: "resize frame of the wrong size",
+            })
+          const resized = yield* shell
+            .resize(frame.data.readUInt16BE(0), frame.data.readUInt16BE(2))
+            .pipe(Effect.either)
+          if (resized._tag === "Left")
+            return yield* finish({
+              code: Protocol.CloseCode.protocol,
+              reason: `resize: ${resized.left.detail}`,
+            })
+        }
+      }
+    })
+
+    // The shell's output in frames of at most 32 KiB, each waiting for credit; then its exit status.
+    const outbound = Effect.gen(function* () {
+      yield* shell.output.pipe(
+        Stream.runForEach((chunk) =>
+          Effect.gen(function* () {
+            for (let at = 0; at < chunk.byteLength; at += Protocol.FRAME_DATA_MAX_BYTES) {
+              yield* Queue.take(credit)
+              yield* send(Protocol.Kind.output, chunk.subarray(at, at + Protocol.FRAME_DATA_MAX_BYTES))
+            }
+          }),
+        ),
+        Effect.ignore,
+      )
+      const status = yield* Deferred.await(shell.exit)
+      yield* send(Protocol.Kind.exit, Protocol.exitData(status)).pipe(Effect.ignore)
+      yield* finish({ code: Protocol.CloseCode.normal, reason: "the shell exited", exitStatus: status })
+    })
+
+    const fibers = [yield* Effect.fork(inbound.pipe(Effect.ignore)), yield* Effect.fork(outbound)]
+    const result = yield* Deferred.await(ending).pipe(
+      Effect.onInterrupt(() =>
+        Effect.ignore(
+          end.send(
+            Protocol.encodeNote({ _tag: "close", code: Protocol.CloseCode.normal, reason: "the run ended" }),
+          ),
+        ),
+      ),
+    )
+    // The caller's relay closes the WebSocket with the same code and reason; then the shell goes
+    // (its channel closed ends the output stream), and with it what still reads or writes (not
+    // waited for: a read of the channel may only end with the machine).
+    yield* end
+      .send(Protocol.encodeNote({ _tag: "close", code: result.code, reason: result.reason }))
+      .pipe(Effect.ignore)
+    yield* shell.close
+    yield* Effect.forEach(fibers, Fiber.interruptFork, { discard: true })
+    yield* closed(
+      result.exitStatus === undefined ? { reason: result.reason } : { exit_status: result.exitStatus },
+    )
+  }).pipe(
+    Effect.catchAllCause((cause) =>
+      Cause.isInterruptedOnly(cause)
+        ? closed({ reason: "the run ended" })
+        : Effect.zipRight(
+            Effect.logWarning("terminal session failed", Cause.pretty(cause)),
+            closed({ reason: "failed" }),
+          ),
+    ),
+  )
