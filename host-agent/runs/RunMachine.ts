@@ -16,8 +16,8 @@
  * turn: `failed` ends the run with `no_submission` at once; `succeeded` first waits until every
  * earlier command has ended, then checks the output manifest — problems are the command's result
  * and the run goes on; a match packs `/workspace/out` into the `outputs` store as `<run>` (sealed)
- * and the run succeeds. `terminal`
- * ends `failed` until the relay lands. A caller's command that ends on a run with a webhook posts
+ * and the run succeeds. `terminal` starts at its turn and ends `succeeded` as soon as its session
+ * waits for the caller (`TerminalSession.ts`). A caller's command that ends on a run with a webhook posts
  * `command.finished` (event id derived from the command id, so a retry is one event).
  *
  * A failure of the life tells the run actor (`Fail`) and leaves the machine for the `Stop` that
