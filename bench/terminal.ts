@@ -48,11 +48,8 @@ interface Channel {
 }
 
 const measure = async (channel: Channel) => {
-  // Quiet prompt, no line editing: a byte typed comes straight back.
-  let seen = ""
-  channel.onData = (d) => {
-    seen += d.toString("latin1")
-  }
+  // Quiet prompt, no line editing: a byte typed comes straight back. What that prints is dropped.
+  channel.onData = () => {}
   channel.write(Buffer.from("PS1=; stty -icanon\n"))
   await sleep(500)
   const rtts: Array<number> = []
