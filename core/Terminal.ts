@@ -122,9 +122,12 @@ export const seal = (key: Uint8Array, kind: number, sequence: bigint, data: Uint
 /** A frame's kind and sequence, read without its key (what the relay may see). */
 export const peek = (
   frame: Uint8Array,
-): { readonly kind: number; readonly sequence: bigint } | { readonly problem: string } => {
-  if (frame.byteLength > FRAME_MAX_BYTES) return { problem: "frame over 32 KiB" }
-  if (frame.byteLength < HEADER_BYTES) return { problem: "frame shorter than its header" }
+):
+  | { readonly kind: number; readonly sequence: bigint }
+  | { readonly problem: string; readonly code: number } => {
+  if (frame.byteLength > FRAME_MAX_BYTES) return { problem: "frame over 32 KiB", code: CloseCode.tooBig }
+  if (frame.byteLength < HEADER_BYTES)
+    return { problem: "frame shorter than its header", code: CloseCode.protocol }
   const bytes = Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength)
   return { kind: bytes[0] as number, sequence: bytes.readBigUInt64BE(1) }
 }

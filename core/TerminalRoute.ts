@@ -8,21 +8,39 @@ import { Deferred, Effect, Queue, type Scope } from "effect"
 import { attemptSync, Nats, type NatsError } from "./Nats.ts"
 import { Storage } from "./Storage.ts"
 
+/** The caller's frames the host end holds before the shell takes them (32 KiB each at most). */
+const INPUT_FRAMES_MAX = 256
+
 /** The host end of a route. */
 export interface HostEnd {
   /** Completes when a relay asks to join for a caller (the first one only is let in). */
   readonly joined: Deferred.Deferred<void>
-  /** What the caller's relay sent: the caller's frames and the relay's notes, in order. */
+  /** The caller's frames, in order (at most `INPUT_FRAMES_MAX` waiting; more overflows). */
   readonly incoming: Queue.Dequeue<Uint8Array>
+  /**
+   * The relay's notes (kind 0), apart from the frames so they are never held up behind input the
+   * shell is slow to take: credit for output must come while input waits.
+   */
+  readonly notes: Queue.Dequeue<Uint8Array>
+  /** Completes when the caller sent faster than the shell took it, past the bound. */
+  readonly overflowed: Deferred.Deferred<void>
+  /** Refuses every later join (the session is over or gave up waiting). */
+  readonly shut: () => void
   /** Sends a frame or a note towards the caller. */
   readonly send: (message: Uint8Array) => Effect.Effect<void, NatsError>
 }
 
+// A callback given an error (a subscription refused) has no message; throwing there would stop
+// the connection's reader for every subscription of the process.
 const subscribe = (subject: string, callback: (msg: Msg) => void) =>
   Effect.flatMap(Nats, ({ connection }) =>
     Effect.acquireRelease(
       attemptSync(`subscribe ${subject}`, () =>
-        connection.subscribe(subject, { callback: (_e, m) => callback(m) }),
+        connection.subscribe(subject, {
+          callback: (e, m) => {
+            if (e === null) callback(m)
+          },
+        }),
       ),
       (sub: Subscription) => Effect.sync(() => sub.unsubscribe()),
     ),
@@ -34,15 +52,24 @@ export const hostEnd = (route: string): Effect.Effect<HostEnd, NatsError, Nats |
     const { names } = yield* Storage
     const { connection } = yield* Nats
     const joined = yield* Deferred.make<void>()
-    const incoming = yield* Effect.acquireRelease(Queue.unbounded<Uint8Array>(), Queue.shutdown)
+    const overflowed = yield* Deferred.make<void>()
+    const incoming = yield* Effect.acquireRelease(
+      Queue.dropping<Uint8Array>(INPUT_FRAMES_MAX),
+      Queue.shutdown,
+    )
+    const notes = yield* Effect.acquireRelease(Queue.unbounded<Uint8Array>(), Queue.shutdown)
     let taken = false
+    let over = false
     yield* subscribe(names.subjects.terminal(route, "in"), (m) => {
-      if (taken) incoming.unsafeOffer(m.data)
+      if (!taken) return
+      if (m.data[0] === 0) return void notes.unsafeOffer(m.data)
+      if (!incoming.unsafeOffer(m.data)) Deferred.unsafeDone(overflowed, Effect.void)
     })
     yield* subscribe(names.subjects.terminal(route, "join"), (m) => {
-      // One caller per route: the first relay to ask gets it, any later one is told no.
-      const answer = taken ? "taken" : "ok"
-      if (!taken) {
+      // One caller per route: the first relay to ask gets it, any later one (or any after the
+      // session gave up) is told no.
+      const answer = taken || over ? "taken" : "ok"
+      if (answer === "ok") {
         taken = true
         Deferred.unsafeDone(joined, Effect.void)
       }
@@ -54,6 +81,11 @@ export const hostEnd = (route: string): Effect.Effect<HostEnd, NatsError, Nats |
     return {
       joined,
       incoming,
+      notes,
+      overflowed,
+      shut: () => {
+        over = true
+      },
       send: (message) => attemptSync("terminal send", () => connection.publish(out, message)),
     } satisfies HostEnd
   })
@@ -83,7 +115,9 @@ export const callerEnd = (
     const { connection, requests, reachable } = yield* Nats
     if (!reachable()) return yield* Effect.fail("unavailable" as const)
     const sub = connection.subscribe(names.subjects.terminal(route, "out"), {
-      callback: (_e, m) => onMessage(m.data),
+      callback: (e, m) => {
+        if (e === null) onMessage(m.data)
+      },
     })
     const answer = yield* requests
       .request("terminal join", names.subjects.terminal(route, "join"), "", undefined, 5_000)

@@ -151,7 +151,7 @@ export const make: Effect.Effect<
       const frame = new Uint8Array(message.slice(0))
       const head = Protocol.peek(frame)
       if (!isBinary) return refuseFrame(ws, Protocol.CloseCode.protocol, "frames are binary messages")
-      if ("problem" in head) return refuseFrame(ws, Protocol.CloseCode.tooBig, head.problem)
+      if ("problem" in head) return refuseFrame(ws, head.code, head.problem)
       if (!Protocol.callerKinds.has(head.kind))
         return refuseFrame(ws, Protocol.CloseCode.protocol, `frame of unknown kind ${head.kind}`)
       if (head.sequence !== data.nextSequence)

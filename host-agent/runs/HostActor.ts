@@ -127,20 +127,28 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
     // - anything else (a kept machine that died, a folder that kept nothing): removed, and its run
     //   failed at once rather than left `running` to its time-out.
     const runOf = (id: string, note: string) =>
-      Option.match(RunMachine.accountOfNote(note), {
-        onNone: () => Effect.succeedNone,
-        onSome: (account) =>
-          Effect.map(
-            runs.get(kvKeys.run(account, id)),
-            Option.map((entry) => entry.value),
-          ),
+      Effect.gen(function* () {
+        const account = RunMachine.accountOfNote(note)
+        if (Option.isNone(account)) return Option.none<StoredRun>()
+        return Option.map(yield* runs.get(kvKeys.run(account.value, id)), (entry) => entry.value)
       })
     const takeOver = (id: string) =>
       Effect.gen(function* () {
         const found = yield* driver.adopt(id)
         if (Option.isNone(found)) return "lost" as const
         const kept = found.value
-        const run = Option.getOrUndefined(yield* runOf(id, kept.note))
+        // Read again while the store does not answer (a blip must not cost a live machine its run).
+        const run = Option.getOrUndefined(
+          yield* runOf(id, kept.note).pipe(
+            Effect.retry({
+              schedule: Schedule.exponential("100 millis").pipe(
+                Schedule.either(Schedule.spaced("5 seconds")),
+                Schedule.upTo("2 minutes"),
+              ),
+              while: (e) => e._tag === "NatsError",
+            }),
+          ),
+        )
         if (run === undefined || run.state !== "running" || run.host !== host.id) return "not ours" as const
         const reserved = yield* capacity.reserve(run.id, run.size, run.id)
         if (Either.isLeft(reserved)) return "lost" as const

@@ -40,6 +40,7 @@ import {
   Deferred,
   Duration,
   Effect,
+  ExecutionStrategy,
   Exit,
   Fiber,
   Option,
@@ -234,6 +235,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
     const seal = yield* Seal
     const terminalSettings = yield* TerminalSettings.Tag
     const scope = yield* ScopeOps.make()
+    // Terminal sessions live here: closed before the machine's last log line, so theirs are in it.
+    const terminals = yield* ScopeOps.fork(scope, ExecutionStrategy.sequential)
     const done = yield* Deferred.make<void>()
     const dispatcherReady = yield* Deferred.make<Dispatcher.Dispatcher>()
     const log = yield* RunLog.make({
@@ -452,14 +455,17 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
         )
         const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
         // The machine goes when the life's scope closes, made here or adopted. `made` is set inside
-        // the acquisition (which is not interrupted once begun), so an interruption just before it
-        // leaves the claim to its own finalizer and one after it leaves the machine to this one.
+        // the acquisition (which is not interrupted once begun) once the machine is there, so an
+        // interruption before it, or a create that failed, leaves the claim to its own finalizer.
         const owning = (making: Effect.Effect<Machine, LifeFailed>) =>
           Effect.acquireRelease(
-            Effect.suspend(() => {
-              made = true
-              return making
-            }),
+            // Only a machine that was made is this finalizer's; a create that failed removed what
+            // it made, and the claim's own finalizer removes the folder.
+            Effect.tap(making, () =>
+              Effect.sync(() => {
+                made = true
+              }),
+            ),
             (m) =>
               driver
                 .destroy(m.id)
@@ -725,7 +731,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             if (record.kind !== "terminal") return
             yield* dispatcher.turn(record.sequence)
             const opened = yield* TerminalSession.open(
-              { guest, env, settings: terminalSettings, log: log.append, scope },
+              { guest, env, settings: terminalSettings, log: log.append, scope: terminals },
               { command: record.id, ...record.arguments },
             ).pipe(Effect.either)
             yield* finishRecord(
@@ -1000,6 +1006,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           Effect.timeout(settings.endGraceMs),
           Effect.catchAll(() => Effect.logWarning("commands not all marked cancelled in time")),
         )
+        yield* ScopeOps.close(terminals, Exit.void)
         yield* log.append(
           "end",
           failure === undefined ? {} : { failure: failure.failure, detail: failure.detail },

@@ -110,35 +110,49 @@ const run = (
 ) =>
   Effect.gen(function* () {
     const joined = yield* Deferred.await(end.joined).pipe(Effect.timeout(settings.joinWaitMs), Effect.option)
-    if (Option.isNone(joined)) return yield* closed({ reason: "no caller joined in time" })
+    if (Option.isNone(joined)) {
+      // No later join is let in; one that came just now still counts.
+      end.shut()
+      if (!(yield* Deferred.isDone(end.joined))) return yield* closed({ reason: "no caller joined in time" })
+    }
 
     let outSequence = 0n
     let inSequence = 0n
     const credit = yield* Queue.unbounded<void>()
+    // At least two of the relay's credit batches (16 frames each), so credit always comes back.
     yield* Queue.offerAll(
       credit,
-      Array.from({ length: settings.windowFrames }, () => undefined),
+      Array.from({ length: Math.max(32, settings.windowFrames) }, () => undefined),
     )
     const send = (kind: number, data: Uint8Array) =>
       Effect.suspend(() => end.send(Protocol.seal(keys.hostToCaller, kind, outSequence++, data)))
     const ending = yield* Deferred.make<Ending>()
     const finish = (e: Ending) => Deferred.succeed(ending, e).pipe(Effect.asVoid)
 
-    // The caller's frames, in order; a note from the relay gives credit or ends the session.
-    const inbound = Effect.gen(function* () {
+    // The relay's notes, apart from the frames: credit for output, or the end of the session.
+    const notes = Effect.gen(function* () {
       for (;;) {
-        const message = yield* Queue.take(end.incoming)
-        const note = Protocol.decodeNote(message)
-        if (note?._tag === "credit") {
+        const note = Protocol.decodeNote(yield* Queue.take(end.notes))
+        if (note?._tag === "credit")
           yield* Queue.offerAll(
             credit,
             Array.from({ length: note.frames }, () => undefined),
           )
-          continue
-        }
-        if (note?._tag === "close") return yield* finish({ code: note.code, reason: note.reason })
+        else if (note?._tag === "close") return yield* finish({ code: note.code, reason: note.reason })
+      }
+    })
+    // Input faster than the shell takes it, past the bound: the session ends rather than grow.
+    const overflow = Effect.zipRight(
+      Deferred.await(end.overflowed),
+      finish({ code: Protocol.CloseCode.protocol, reason: "input came faster than the shell took it" }),
+    )
+
+    // The caller's frames, in order.
+    const inbound = Effect.gen(function* () {
+      for (;;) {
+        const message = yield* Queue.take(end.incoming)
         const head = Protocol.peek(message)
-        if ("problem" in head) return yield* finish({ code: Protocol.CloseCode.tooBig, reason: head.problem })
+        if ("problem" in head) return yield* finish({ code: head.code, reason: head.problem })
         if (!Protocol.callerKinds.has(head.kind))
           return yield* finish({
             code: Protocol.CloseCode.protocol,
@@ -185,7 +199,12 @@ const run = (
       yield* finish({ code: Protocol.CloseCode.normal, reason: "the shell exited", exitStatus: status })
     })
 
-    const fibers = [yield* Effect.fork(inbound.pipe(Effect.ignore)), yield* Effect.fork(outbound)]
+    const fibers = [
+      yield* Effect.fork(inbound.pipe(Effect.ignore)),
+      yield* Effect.fork(notes.pipe(Effect.ignore)),
+      yield* Effect.fork(overflow),
+      yield* Effect.fork(outbound),
+    ]
     const result = yield* Deferred.await(ending).pipe(
       Effect.onInterrupt(() =>
         Effect.ignore(
@@ -209,10 +228,12 @@ const run = (
   }).pipe(
     Effect.catchAllCause((cause) =>
       Cause.isInterruptedOnly(cause)
-        ? closed({ reason: "the run ended" })
+        ? Effect.failCause(cause)
         : Effect.zipRight(
             Effect.logWarning("terminal session failed", Cause.pretty(cause)),
             closed({ reason: "failed" }),
           ),
     ),
+    // Interrupted: the run's machine is ending (it closes its sessions before its last log line).
+    Effect.onInterrupt(() => closed({ reason: "the run ended" })),
   )
