@@ -184,9 +184,8 @@ const upload = (tar: Buffer) =>
     }),
   )
 
-/** Writes a queued run into KV `runs` (as the run actor would) and places it on the host. */
-const place = async (fn: FunctionId, extra: Partial<StoredRun> = {}) => {
-  const id = makeId("run") as RunId
+/** Writes run `id` of `fn` into KV `runs` as the run actor would: queued, unless `extra` says more. */
+const storeRun = async (id: RunId, fn: FunctionId, extra: Partial<StoredRun> = {}) => {
   const stored = Schema.decodeUnknownSync(StoredRun)({
     id,
     account: ACC,
@@ -211,6 +210,13 @@ const place = async (fn: FunctionId, extra: Partial<StoredRun> = {}) => {
       Effect.flatMap(Kv.make(s.names.kv.runs.name, StoredRun), (kv) => kv.put(kvKeys.run(ACC, id), stored)),
     ),
   )
+  return stored
+}
+
+/** Writes a queued run into KV `runs` (as the run actor would) and places it on the host. */
+const place = async (fn: FunctionId, extra: Partial<StoredRun> = {}) => {
+  const id = makeId("run") as RunId
+  await storeRun(id, fn, extra)
   await send({ _tag: "Place", run: id, account: ACC, size: "s", vcpus: 1, memory_mib: 2048 }, `place:${id}`)
   live.add(id)
   return id
@@ -579,33 +585,13 @@ describe("HostActor", () => {
           ),
         ),
       )
-      const stored = Schema.decodeUnknownSync(StoredRun)({
-        id,
-        account: ACC,
-        function: fn,
-        version: 1,
-        base: baseName,
-        size: "s",
-        provider: "none",
-        prompt: "",
+      const stored = await storeRun(id, fn, {
         state: "running",
         host: HOST,
-        created_at: new Date().toISOString(),
         started_at: new Date().toISOString(),
-        created_by: USR,
-        usage: emptyUsage("s"),
-        memory_mib: 2048,
-        timeout_minutes: 10,
-        log_parts: 0,
         seq: 2,
       })
-      await run(
-        Effect.gen(function* () {
-          const { names } = yield* Storage.Storage
-          yield* (yield* Kv.make(names.kv.runs.name, StoredRun)).put(kvKeys.run(ACC, id), stored)
-          yield* RunMachine.keep(machine, stored, keys.client.private)
-        }),
-      )
+      await run(RunMachine.keep(machine, stored, keys.client.private))
       await queue(id, 1, "bash", { command: "sleep 100" })
       const finish = await queue(id, 2, "finish", { state: "succeeded", detail: "done" })
       if (finishState === "accepted")
