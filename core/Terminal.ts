@@ -74,9 +74,8 @@ export const FRAME_DATA_MAX_BYTES = FRAME_MAX_BYTES - HEADER_BYTES - TAG_BYTES
 export const Kind = { note: 0, input: 1, output: 2, resize: 3, exit: 4 } as const
 export type Kind = (typeof Kind)[keyof typeof Kind]
 
-/** The kinds each side sends. */
+/** The kinds a caller sends. */
 export const callerKinds: ReadonlySet<number> = new Set([Kind.input, Kind.resize])
-export const hostKinds: ReadonlySet<number> = new Set([Kind.output, Kind.exit])
 
 /** A fresh ECDH P-256 key pair; `publicKey` is the uncompressed point (65 bytes). */
 export const newKeyPair = (): { readonly ecdh: ECDH; readonly publicKey: Buffer } => {
@@ -157,14 +156,6 @@ export const open = (
   } catch {
     return { problem: "frame does not open" }
   }
-}
-
-/** The data of a resize frame. */
-export const resizeData = (rows: number, cols: number): Buffer => {
-  const data = Buffer.alloc(4)
-  data.writeUInt16BE(rows, 0)
-  data.writeUInt16BE(cols, 2)
-  return data
 }
 
 /** The data of an exit status frame. */
