@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import WebSocket from "ws"
 import * as Nats from "../core/Nats.ts"
 import * as Storage from "../core/Storage.ts"
-import { TerminalSettings } from "../core/Terminal.ts"
+import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Relay from "../relay/Relay.ts"
 import {
   call,
@@ -299,6 +299,41 @@ describe("terminal", () => {
     }
     // Each session's shell is gone.
     expect(await shellsBackTo(run, before)).toBe(before)
+    await command(stack, acct, run, "finish", { state: "failed" })
+  }, 180_000)
+
+  it("a flood of input past the bound ends the session, not the run: later commands and terminals work", async () => {
+    const run = (await startRun(stack, acct, fn)).id
+    for (let round = 0; round < 3; round++) {
+      const { result, toHost, toCaller } = await openTerminal(run)
+      const caller = await connect(result.relay_url, result.route, toHost, toCaller)
+      caller.send(1, Buffer.from("echo asleep; sleep 5\n"))
+      await caller.until("asleep")
+      const chunk = Buffer.alloc(32 * 1024 - 25, 0x61)
+      const n = [512, 200, 250][round] as number
+      for (let i = 0; i < n; i++) caller.send(1, chunk)
+      if (n > 256)
+        expect(await caller.closed).toEqual({
+          code: 1008,
+          reason: "input came faster than the shell took it",
+        })
+      else {
+        await new Promise((r) => setTimeout(r, 1500))
+        caller.ws.close()
+        await caller.closed
+      }
+      const after = await command(stack, acct, run, "bash", { command: "echo alive" })
+      expect(after, JSON.stringify(after)).toMatchObject({
+        state: "succeeded",
+        result: { output: "alive\n" },
+      })
+    }
+    const again = await openTerminal(run)
+    const caller = await connect(again.result.relay_url, again.result.route, again.toHost, again.toCaller)
+    caller.send(1, Buffer.from("echo back-$((1+1)); exit 4\n"))
+    await caller.until("back-2")
+    expect((await caller.closed).code).toBe(1000)
+    expect(caller.exitStatus).toBe(4)
     await command(stack, acct, run, "finish", { state: "failed" })
   }, 180_000)
 

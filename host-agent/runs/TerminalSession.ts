@@ -18,6 +18,7 @@ import type { Nats, NatsError } from "../../core/Nats.ts"
 import type { Storage } from "../../core/Storage.ts"
 import * as Protocol from "../../core/Terminal.ts"
 import * as Route from "../../core/TerminalRoute.ts"
+import * as TerminalSettings from "../../core/TerminalSettings.ts"
 import type { GuestSession, GuestUnavailable, InvalidArguments } from "../guest/GuestSession.ts"
 import * as Terminal from "../guest/Terminal.ts"
 
@@ -26,7 +27,7 @@ export interface SessionContext {
   readonly guest: GuestSession
   /** The run's variables (the command's own `env` goes over them). */
   readonly env: Readonly<Record<string, string>>
-  readonly settings: Protocol.TerminalSettingsShape
+  readonly settings: TerminalSettings.TerminalSettingsShape
   /** Adds a line to the run's log. */
   readonly log: (kind: string, fields: Readonly<Record<string, unknown>>) => Effect.Effect<void>
   /** The scope the session lives in (the machine's): closing it ends the session. */
@@ -56,7 +57,7 @@ export const open = (
   args: SessionArgs,
 ): Effect.Effect<
   SessionResult,
-  GuestUnavailable | InvalidArguments | Protocol.TerminalRefused | NatsError,
+  GuestUnavailable | InvalidArguments | TerminalSettings.TerminalRefused | NatsError,
   Nats | Storage
 > =>
   Effect.gen(function* () {
@@ -64,7 +65,8 @@ export const open = (
     const own = Protocol.newKeyPair()
     const keys = yield* Effect.try({
       try: () => Protocol.sessionKeys(own.ecdh, callerKey, callerKey, own.publicKey),
-      catch: () => new Protocol.TerminalRefused({ field: "public_key", detail: "is not a point of P-256" }),
+      catch: () =>
+        new TerminalSettings.TerminalRefused({ field: "public_key", detail: "is not a point of P-256" }),
     })
     const route = randomBytes(16).toString("base64url")
     const session = yield* Scope.fork(context.scope, ExecutionStrategy.sequential)
@@ -88,7 +90,7 @@ export const open = (
       Effect.forkIn(context.scope),
     )
     return {
-      relay_url: Protocol.relayUrlOf(context.settings),
+      relay_url: TerminalSettings.relayUrlOf(context.settings),
       route,
       public_key: own.publicKey.toString("base64url"),
     }
@@ -105,7 +107,7 @@ const run = (
   shell: Terminal.Terminal,
   end: Route.HostEnd,
   keys: { readonly callerToHost: Buffer; readonly hostToCaller: Buffer },
-  settings: Protocol.TerminalSettingsShape,
+  settings: TerminalSettings.TerminalSettingsShape,
   closed: (fields: Readonly<Record<string, unknown>>) => Effect.Effect<void>,
 ) =>
   Effect.gen(function* () {
