@@ -22,8 +22,8 @@ import { type Context, Effect, Layer, Runtime, type Scope } from "effect"
 import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
 import * as Protocol from "../core/Terminal.ts"
-import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Route from "../core/TerminalRoute.ts"
+import { TerminalSettings } from "../core/TerminalSettings.ts"
 
 const ROUTE = /^[A-Za-z0-9_-]{22}$/
 const CREDIT_BATCH = 16
