@@ -6,12 +6,12 @@
 import { Effect, Schema } from "effect"
 import { Accounts } from "../../core/Accounts.ts"
 import { makeId } from "../../core/Ids.ts"
+import { hashToken, newToken } from "../../core/KeyTokens.ts"
 import { CreateKeyRequest, type Key } from "../../schema/Account.ts"
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { KeyId } from "../../schema/Ids.ts"
 import { KeyCache } from "../auth/KeyCache.ts"
-import { hashToken, newToken } from "../auth/KeyTokens.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
 

@@ -9,6 +9,7 @@
  */
 import { Context, Effect, Layer, Option, Schema } from "effect"
 import { type AccountRecord, Accounts, layer as accountsLayer } from "../../core/Accounts.ts"
+import { hashToken, isKeyToken, sameHash, tokenPrefix } from "../../core/KeyTokens.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId } from "../../schema/Ids.ts"
 import {
@@ -21,7 +22,6 @@ import {
 } from "./Access.ts"
 import { IdTokens, layer as idTokensLayer } from "./IdTokens.ts"
 import { KeyCache, layer as keyCacheLayer } from "./KeyCache.ts"
-import { hashToken, isKeyToken, sameHash, tokenPrefix } from "./KeyTokens.ts"
 
 /** What the auth step needs beyond the headers. */
 export interface ResolveOptions {

@@ -19,6 +19,7 @@ import { Clock, Context, Effect, Layer, Option, Schema } from "effect"
 import { Accounts, retryConflicts } from "../../core/Accounts.ts"
 import { defineSettings, env } from "../../core/Config.ts"
 import { makeId } from "../../core/Ids.ts"
+import { sameHash } from "../../core/KeyTokens.ts"
 import * as Kv from "../../core/Kv.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
@@ -27,7 +28,6 @@ import { Count, Timestamp, timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId, CliLoginId, KeyId, UserId } from "../../schema/Ids.ts"
 import { cliLoginValidMs } from "../../schema/Limits.ts"
-import { sameHash } from "../auth/KeyTokens.ts"
 
 /** Where approval pages live and how long a login waits for approval. */
 export const CliLoginSettings = defineSettings(
