@@ -1,66 +1,51 @@
 /**
- * The `hangar` command. Operators use `serve` and `admin`; the caller-facing commands of
- * the spec's CLI join here as their issues land.
+ * The `hangar` command. Users' commands (`cli/user/`) talk to the HTTP API only; operators use
+ * `serve` and `admin`, which load the service itself. Each is loaded only when asked for, so a
+ * user's command never loads the roles.
  *
  *   hangar serve gateway|relay|actors|host-agent   one role, connecting to HANGAR_NATS_URL
  *   hangar serve all                               local nats-server + every role (npm start)
  *   hangar admin …                                 operator commands (cli/admin.ts)
- *   hangar version
+ *   hangar COMMAND …                               the spec's CLI (cli/user/main.ts)
  *
- * Exit status: 0 worked, 2 wrong command, 4 anything else (the spec's CLI statuses).
+ * Exit status: 0 worked, 1 run failed, 2 wrong command, 3 API refused, 4 anything else.
  */
-import { readFileSync } from "node:fs"
-import { join } from "node:path"
-import { Effect, Layer } from "effect"
-import * as Actors from "../actors/main.ts"
-import * as Connected from "../core/Connected.ts"
-import * as Log from "../core/Log.ts"
-import { runMain } from "../core/Main.ts"
-import * as Local from "../deploy/Local.ts"
-import { root } from "../deploy/tools.mjs"
-import * as Gateway from "../gateway/main.ts"
-import * as HostAgent from "../host-agent/main.ts"
-import * as Relay from "../relay/main.ts"
-import * as Admin from "./admin.ts"
 
-const roles = {
-  gateway: Gateway.layer,
-  relay: Relay.layer,
-  actors: Actors.layer,
-  "host-agent": HostAgent.layer,
-} as const
-
-const usage = `usage:
-  hangar serve gateway|relay|actors|host-agent|all
-  hangar admin create-account|token|credit|suspend|reactivate …
-  hangar version`
-
-const version = (): string =>
-  (JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as { version: string }).version
-
-const wrong = (message: string) => {
-  process.stderr.write(`${message}\n${usage}\n`)
-  process.exit(2)
-}
-
-const serve = (role: string | undefined) => {
-  if (role === "all") return runMain(Layer.launch(Local.layer).pipe(Effect.provide(Log.layer)))
-  if (role === undefined || !(role in roles)) return wrong(`unknown role: ${role ?? "(none)"}`)
-  const layer = roles[role as keyof typeof roles].pipe(Layer.provide(Connected.layerFromEnv))
-  return runMain(Layer.launch(layer).pipe(Effect.provide(Log.layer)))
+const serve = async (role: string | undefined) => {
+  const [{ Effect, Layer }, Log, { runMain }] = await Promise.all([
+    import("effect"),
+    import("../core/Log.ts"),
+    import("../core/Main.ts"),
+  ])
+  if (role === "all") {
+    const Local = await import("../deploy/Local.ts")
+    return runMain(Layer.launch(Local.layer).pipe(Effect.provide(Log.layer)))
+  }
+  const roles = {
+    gateway: () => import("../gateway/main.ts"),
+    relay: () => import("../relay/main.ts"),
+    actors: () => import("../actors/main.ts"),
+    "host-agent": () => import("../host-agent/main.ts"),
+  } as const
+  if (role === undefined || !(role in roles)) {
+    process.stderr.write(
+      `unknown role: ${role ?? "(none)"}\nusage: hangar serve gateway|relay|actors|host-agent|all\n`,
+    )
+    return process.exit(2)
+  }
+  const [{ layer }, Connected] = await Promise.all([
+    roles[role as keyof typeof roles](),
+    import("../core/Connected.ts"),
+  ])
+  return runMain(
+    Layer.launch(layer.pipe(Layer.provide(Connected.layerFromEnv))).pipe(Effect.provide(Log.layer)),
+  )
 }
 
 const [command, ...rest] = process.argv.slice(2)
-switch (command) {
-  case "serve":
-    serve(rest[0])
-    break
-  case "admin":
-    Admin.main(rest)
-    break
-  case "version":
-    process.stdout.write(`${version()}\n`)
-    break
-  default:
-    wrong(command === undefined ? "no command given" : `unknown command: ${command}`)
+if (command === "serve") await serve(rest[0])
+else if (command === "admin") (await import("./admin.ts")).main(rest)
+else {
+  const status = await (await import("./user/main.ts")).main(process.argv.slice(2))
+  process.stdout.write("", () => process.exit(status))
 }

@@ -1,0 +1,66 @@
+/**
+ * The real `hangar` binary (`cli/bin.js`, what `npx hangar` runs) as a subprocess, for the CLI's
+ * tests: its exit status, stdout and stderr, with the environment a user would set.
+ */
+import { spawn } from "node:child_process"
+import { mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { root } from "../../deploy/tools.mjs"
+
+/** The binary's path. */
+export const bin = join(root, "cli", "bin.js")
+
+/** What one invocation did. */
+export interface Ran {
+  readonly status: number | null
+  readonly stdout: string
+  readonly stderr: string
+}
+
+export interface RunOptions {
+  /** Variables over a clean environment (PATH and HOME are kept). */
+  readonly env?: Readonly<Record<string, string | undefined>>
+  /** Written to stdin, then closed (stdin is closed empty when not given). */
+  readonly input?: string | Buffer
+  readonly cwd?: string
+  /** Killed (SIGKILL) after this long; default 120 s. */
+  readonly timeoutMs?: number
+  /** Called with each chunk of stdout as it comes (to act while it runs). */
+  readonly onStdout?: (chunk: string, child: ReturnType<typeof spawn>) => void
+  /** Called with each chunk of stderr as it comes. */
+  readonly onStderr?: (chunk: string, child: ReturnType<typeof spawn>) => void
+}
+
+/** A fresh config folder (`XDG_CONFIG_HOME`), so no test sees another's saved key. */
+export const configHome = (): string => mkdtempSync(join(tmpdir(), "hangar-cli-config-"))
+
+/** Runs `hangar …args`. */
+export const hangar = (args: ReadonlyArray<string>, options: RunOptions = {}): Promise<Ran> =>
+  new Promise((resolve, reject) => {
+    const env: Record<string, string> = { PATH: process.env.PATH ?? "", HOME: process.env.HOME ?? "/root" }
+    for (const [k, v] of Object.entries(options.env ?? {})) if (v !== undefined) env[k] = v
+    const child = spawn(process.execPath, [bin, ...args], {
+      env,
+      cwd: options.cwd ?? root,
+      stdio: ["pipe", "pipe", "pipe"],
+    })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.setEncoding("utf8").on("data", (c: string) => {
+      stdout += c
+      options.onStdout?.(c, child)
+    })
+    child.stderr.setEncoding("utf8").on("data", (c: string) => {
+      stderr += c
+      options.onStderr?.(c, child)
+    })
+    const timer = setTimeout(() => child.kill("SIGKILL"), options.timeoutMs ?? 120_000)
+    child.on("error", reject)
+    child.on("close", (status) => {
+      clearTimeout(timer)
+      resolve({ status, stdout, stderr })
+    })
+    child.stdin.on("error", () => undefined)
+    child.stdin.end(options.input ?? "")
+  })
