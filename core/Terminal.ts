@@ -17,7 +17,11 @@
  * answer means no such route), `in` (the caller's frames, and the relay's own notes, kind 0) and
  * `out` (the host's frames, and its notes, kind 0). A note is kind 0 followed by UTF-8 text:
  * `credit <n>` (the relay has passed on n more of the host's frames; the host keeps at most a
- * window of frames not yet passed on), `close <code> <reason>` (the session is over).
+ * window of frames not yet passed on), `close <code> <reason>` (the session is over), `alive`
+ * (a heartbeat: once a caller joined, each side sends it every `heartbeatMs`; any message from the
+ * other side counts as heard, and a side that heard nothing for three heartbeats ends the session
+ * as if told `close`: the host end 1001 "the caller's relay is gone", the relay 1011 "the host end
+ * is gone"). A relay never passes a note on to its caller.
  *
  * This module needs nothing but `node:crypto`, so the CLI loads it without the service's runtime;
  * the settings of the relay and the host end are in `TerminalSettings.ts`.
@@ -132,27 +136,40 @@ export const exitData = (status: number): Buffer => {
 export type Note =
   | { readonly _tag: "credit"; readonly frames: number }
   | { readonly _tag: "close"; readonly code: number; readonly reason: string }
+  | { readonly _tag: "alive" }
+
+const textOf = (note: Note): string => {
+  switch (note._tag) {
+    case "credit":
+      return `credit ${note.frames}`
+    case "close":
+      return `close ${note.code} ${note.reason}`
+    case "alive":
+      return "alive"
+  }
+}
 
 /** A note as bytes (kind 0, then its text). */
 export const encodeNote = (note: Note): Buffer =>
-  Buffer.concat([
-    Buffer.from([Kind.note]),
-    Buffer.from(
-      note._tag === "credit" ? `credit ${note.frames}` : `close ${note.code} ${note.reason}`,
-      "utf8",
-    ),
-  ])
+  Buffer.concat([Buffer.from([Kind.note]), Buffer.from(textOf(note), "utf8")])
 
 /** The note a kind-0 message holds, if it reads as one. */
 export const decodeNote = (message: Uint8Array): Note | undefined => {
   if (message[0] !== Kind.note) return undefined
   const text = Buffer.from(message.buffer, message.byteOffset + 1, message.byteLength - 1).toString("utf8")
+  if (text === "alive") return { _tag: "alive" }
   const credit = /^credit (\d{1,6})$/.exec(text)
   if (credit) return { _tag: "credit", frames: Number(credit[1]) }
   const close = /^close (\d{4}) ?(.*)$/s.exec(text)
   if (close) return { _tag: "close", code: Number(close[1]), reason: (close[2] ?? "").slice(0, 120) }
   return undefined
 }
+
+/**
+ * Heartbeats with nothing heard from the other side after which a side takes it as gone. Counted
+ * in beats, not wall time: an event loop stalled for a while misses one beat, not three.
+ */
+export const SILENT_HEARTBEATS_MAX = 3
 
 /** WebSocket close codes a session ends with. */
 export const CloseCode = {
@@ -162,6 +179,8 @@ export const CloseCode = {
   protocol: 1008,
   /** A frame over 32 KiB. */
   tooBig: 1009,
-  /** The other end went away. */
+  /** The other end went away (the caller closed, or the host end heard nothing from its relay). */
   goingAway: 1001,
+  /** The relay heard nothing from the host end for three heartbeats. */
+  internalError: 1011,
 } as const

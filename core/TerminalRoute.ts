@@ -22,6 +22,11 @@ export interface HostEnd {
    * shell is slow to take: credit for output must come while input waits.
    */
   readonly notes: Queue.Dequeue<Uint8Array>
+  /**
+   * How many messages (frames and notes) the relay has sent since the caller joined: the session
+   * compares it beat by beat to tell a relay that is gone.
+   */
+  readonly heard: () => number
   /** Completes when the caller sent faster than the shell took it, past the bound. */
   readonly overflowed: Deferred.Deferred<void>
   /** Refuses every later join (the session is over or gave up waiting). */
@@ -60,8 +65,10 @@ export const hostEnd = (route: string): Effect.Effect<HostEnd, NatsError, Nats |
     const notes = yield* Effect.acquireRelease(Queue.unbounded<Uint8Array>(), Queue.shutdown)
     let taken = false
     let over = false
+    let heard = 0
     yield* subscribe(names.subjects.terminal(route, "in"), (m) => {
       if (!taken) return
+      heard++
       if (m.data[0] === 0) return void notes.unsafeOffer(m.data)
       if (!incoming.unsafeOffer(m.data)) Deferred.unsafeDone(overflowed, Effect.void)
     })
@@ -82,6 +89,7 @@ export const hostEnd = (route: string): Effect.Effect<HostEnd, NatsError, Nats |
       joined,
       incoming,
       notes,
+      heard: () => heard,
       overflowed,
       shut: () => {
         over = true

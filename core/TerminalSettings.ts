@@ -20,9 +20,18 @@ export interface TerminalSettingsShape {
   readonly joinWaitMs: number
   /** Frames the host end sends ahead of what the relay has passed on to the caller. */
   readonly windowFrames: number
+  /**
+   * How often, once a caller joined, the host end and the relay each send the other an `alive`
+   * note; one that hears nothing for three of these ends the session. Relays and host agents use
+   * the same value (a side beating three times slower than the other would be taken as gone).
+   */
+  readonly heartbeatMs: number
 }
 
-/** Terminal settings (`HANGAR_RELAY_ADDR`, `HANGAR_RELAY_URL`, `HANGAR_TERMINAL_JOIN_WAIT_MS`). */
+/**
+ * Terminal settings (`HANGAR_RELAY_ADDR`, `HANGAR_RELAY_URL`, `HANGAR_TERMINAL_JOIN_WAIT_MS`,
+ * `HANGAR_TERMINAL_WINDOW_FRAMES`, `HANGAR_TERMINAL_HEARTBEAT_MS`).
+ */
 export const TerminalSettings = defineSettings(
   "core/TerminalSettings",
   {
@@ -30,12 +39,14 @@ export const TerminalSettings = defineSettings(
     relayUrl: "",
     joinWaitMs: 120_000,
     windowFrames: 64,
+    heartbeatMs: 10_000,
   } as TerminalSettingsShape,
   (d) => ({
     relayAddr: env.string("RELAY_ADDR", d.relayAddr),
     relayUrl: env.string("RELAY_URL", d.relayUrl),
     joinWaitMs: env.integer("TERMINAL_JOIN_WAIT_MS", d.joinWaitMs),
     windowFrames: env.integer("TERMINAL_WINDOW_FRAMES", d.windowFrames),
+    heartbeatMs: env.integer("TERMINAL_HEARTBEAT_MS", d.heartbeatMs),
   }),
 )
 

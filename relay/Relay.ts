@@ -15,10 +15,15 @@
  *             socket is not backed up (and the rest when it drains), so the host end never gets
  *             more than its window ahead of the caller.
  *   close     a socket that closes tells the host end (`close 1001`), which ends the shell.
+ *   alive     one timer for all the relay's sockets: every `heartbeatMs` each open socket's host
+ *             end gets `alive`, and a socket whose host end sent nothing (frame or note) for three
+ *             beats closes 1011 "the host end is gone" (a host agent killed outright says no
+ *             `close`; uWS answers the caller's pings itself, so the caller would wait forever).
+ *             The host end's own `alive` notes stop here.
  */
 
 import uWS from "uWebSockets.js"
-import { type Context, Effect, Layer, Runtime, type Scope } from "effect"
+import { type Context, Effect, Layer, Runtime, Schedule, type Scope } from "effect"
 import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
 import * as Protocol from "../core/Terminal.ts"
@@ -40,6 +45,8 @@ interface Socket {
   nextSequence: bigint
   /** Frames passed on to the caller since the host end last got credit for them. */
   owed: number
+  /** Heartbeats since the host end last sent anything. */
+  silent: number
   closed: boolean
 }
 
@@ -108,9 +115,10 @@ export const make: Effect.Effect<
       res.onAborted(() => {
         aborted = true
       })
-      const data: Socket = { route, early: [], nextSequence: 0n, owed: 0, closed: false }
+      const data: Socket = { route, early: [], nextSequence: 0n, owed: 0, silent: 0, closed: false }
       // What the host end sends, towards the caller; anything before the socket opens waits.
       const onMessage = (message: Uint8Array) => {
+        data.silent = 0
         if (data.ws === undefined) return void data.early.push(message)
         deliver(data.ws, message)
       }
@@ -196,6 +204,19 @@ export const make: Effect.Effect<
     grant(ws, false)
   }
 
+  // One beat for every socket: 100 idle sessions cost one timer, not 100.
+  const alive = Protocol.encodeNote({ _tag: "alive" })
+  const beat = () => {
+    for (const ws of open) {
+      const data = ws.getUserData().state
+      if (data.closed) continue
+      // `silent` goes back to 0 on each message: past the limit, three whole beats were silent.
+      if (++data.silent > Protocol.SILENT_HEARTBEATS_MAX)
+        refuseFrame(ws, Protocol.CloseCode.internalError, "the host end is gone")
+      else data.end?.send(alive)
+    }
+  }
+
   const listenSocket = yield* Effect.acquireRelease(
     Effect.async<uWS.us_listen_socket, Error>((resume) => {
       app.listen(host, port, (socket) =>
@@ -212,6 +233,13 @@ export const make: Effect.Effect<
       }),
   )
   const bound = uWS.us_socket_local_port(listenSocket as unknown as uWS.us_socket)
+  // Forked after the listen socket, so the scope stops it first; a beat that throws (the
+  // connection closing under it) is logged, and the next one still comes.
+  yield* Effect.sync(beat).pipe(
+    Effect.catchAllDefect((defect) => Effect.logWarning("relay heartbeat failed", defect)),
+    Effect.schedule(Schedule.spaced(settings.heartbeatMs)),
+    Effect.forkScoped,
+  )
   yield* Effect.logInfo("relay listening").pipe(Effect.annotateLogs({ role: "relay", port: bound }))
   return bound
 })

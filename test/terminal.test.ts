@@ -4,7 +4,7 @@
  * node:crypto; nothing of `core/Terminal.ts`), over a real WebSocket (`ws`).
  */
 import { createCipheriv, createDecipheriv, createECDH, createHash, hkdfSync, randomBytes } from "node:crypto"
-import { connect as connectNats } from "@nats-io/transport-node"
+import { connect as connectNats, type NatsConnection } from "@nats-io/transport-node"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import WebSocket from "ws"
@@ -12,6 +12,7 @@ import * as Nats from "../core/Nats.ts"
 import * as Storage from "../core/Storage.ts"
 import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Relay from "../relay/Relay.ts"
+import { storageNames } from "../schema/Subjects.ts"
 import {
   call,
   closeStack,
@@ -28,6 +29,10 @@ import {
 } from "./harness/Stack.ts"
 
 const LABEL = "service-terminal-v1"
+/** Short heartbeats, so a vanished relay or host end is noticed within about a second. */
+const HEARTBEAT_MS = 300
+/** A short billed minute, so a run's timeout (`timeout_minutes` of them) comes within seconds. */
+const MINUTE_MS = 3_000
 
 /** The caller's end of one session, from the spec. */
 interface Caller {
@@ -60,9 +65,13 @@ let acct: TestAccount
 let fn: string
 
 beforeAll(async () => {
-  stack = await startStack({ relay: true, settings: { TERMINAL_JOIN_WAIT_MS: 3_000 } })
+  stack = await startStack({
+    relay: true,
+    minuteMs: MINUTE_MS,
+    settings: { TERMINAL_JOIN_WAIT_MS: 3_000, TERMINAL_HEARTBEAT_MS: HEARTBEAT_MS },
+  })
   acct = await createAccount(stack)
-  fn = (await publish(stack, acct, { timeout_minutes: 30 })).function
+  fn = (await publish(stack, acct, { timeout_minutes: 600 })).function
 }, 120_000)
 
 afterAll(() => closeStack(stack), 120_000)
@@ -170,6 +179,28 @@ const logOf = async (run: string): Promise<Array<Json>> => {
   }
 }
 
+/** The route's core NATS subject `part`, as the relay and the host end name it. */
+const routeSubject = (route: string, part: "join" | "in" | "out") =>
+  storageNames(stack.prefix).subjects.terminal(route, part)
+
+/** Collects the notes (kind 0) sent on `subject`, as their text; `closed` settles at a `close` note. */
+const notesOn = (nc: NatsConnection, subject: string) => {
+  const notes: Array<string> = []
+  let told: () => void = () => {}
+  const closed = new Promise<void>((resolve) => {
+    told = resolve
+  })
+  nc.subscribe(subject, {
+    callback: (_e, m) => {
+      if (m.data[0] !== 0) return
+      const text = Buffer.from(m.data.subarray(1)).toString("utf8")
+      notes.push(text)
+      if (text.startsWith("close ")) told()
+    },
+  })
+  return { notes, closed }
+}
+
 /** How many login shells (`-/bin/bash`: `exec -l`, what a terminal runs) are in `run`'s machine. */
 const shellsIn = async (run: string) =>
   (
@@ -242,7 +273,7 @@ describe("terminal", () => {
       const context = await Effect.runPromise(
         Layer.buildWithScope(
           Layer.merge(
-            TerminalSettings.layer({ relayAddr: "127.0.0.1:0" }),
+            TerminalSettings.layer({ relayAddr: "127.0.0.1:0", heartbeatMs: HEARTBEAT_MS }),
             Storage.layerPrefix(stack.prefix).pipe(Layer.provideMerge(Nats.layerUrl(stack.natsUrl))),
           ),
           scope,
@@ -362,4 +393,75 @@ describe("terminal", () => {
       ["closed", "the run ended"],
     ])
   }, 120_000)
+
+  it("a relay that vanishes says no close: the host end hears nothing for three heartbeats and ends the session", async () => {
+    const run = (await startRun(stack, acct, fn)).id
+    const before = await shellsIn(run)
+    const { result } = await openTerminal(run)
+    expect(await shellsIn(run)).toBe(String(Number(before) + 1))
+    // A relay's join from a bare connection, which then says nothing, as a relay killed outright.
+    const relay = await connectNats({ servers: stack.natsUrl })
+    try {
+      const out = notesOn(relay, routeSubject(result.route, "out"))
+      const answer = await relay.request(routeSubject(result.route, "join"), "", { timeout: 5_000 })
+      expect(answer.string()).toBe("ok")
+      expect(await shellsBackTo(run, before)).toBe(before)
+      // The host end beat three times, heard nothing back, and gave up.
+      await out.closed
+      expect(out.notes).toEqual(["alive", "alive", "alive", "close 1001 the caller's relay is gone"])
+    } finally {
+      await relay.close()
+    }
+    await command(stack, acct, run, "finish", { state: "failed" })
+    await waitRun(stack, acct, run)
+    const log = await logOf(run)
+    expect(log.filter((l) => l.kind === "terminal").map((l) => [l.state, l.reason])).toEqual([
+      ["opened", undefined],
+      ["closed", "the caller's relay is gone"],
+    ])
+  }, 60_000)
+
+  it("a host end that vanishes says no close: the relay closes its caller 1011 after three silent heartbeats", async () => {
+    // A host end on a bare connection that lets the caller in and then says nothing, as a host
+    // agent killed outright.
+    const route = randomBytes(16).toString("base64url")
+    const host = await connectNats({ servers: stack.natsUrl })
+    try {
+      const into = notesOn(host, routeSubject(route, "in"))
+      host.subscribe(routeSubject(route, "join"), {
+        callback: (_e, m) => {
+          m.respond("ok")
+        },
+      })
+      await host.flush()
+      const caller = await connect(stack.relayUrl, route, randomBytes(32), randomBytes(32))
+      expect(await caller.closed).toEqual({ code: 1011, reason: "the host end is gone" })
+      // The relay beat three times, then told the host end (in case it only went quiet).
+      await into.closed
+      expect(into.notes).toEqual(["alive", "alive", "alive", "close 1011 the host end is gone"])
+      // Never passed on to the caller: nothing came to it.
+      expect(caller.output).toBe("")
+    } finally {
+      await host.close()
+    }
+  }, 60_000)
+
+  it("heartbeats keep a quiet session open; the run's timeout closes it 1000 and the run fails timeout", async () => {
+    const short = (await publish(stack, acct, { timeout_minutes: 1 })).function
+    const run = (await startRun(stack, acct, short)).id
+    const { result, toHost, toCaller } = await openTerminal(run)
+    const caller = await connect(result.relay_url, result.route, toHost, toCaller)
+    caller.send(1, Buffer.from("echo until-timeout\n"))
+    await caller.until("until-timeout")
+    // Quiet until the run's minute is up, many heartbeats; the session lasts until the timeout.
+    expect(await caller.closed).toEqual({ code: 1000, reason: "the run ended" })
+    const ended: Json = await waitRun(stack, acct, run)
+    expect(ended, JSON.stringify(ended)).toMatchObject({ state: "failed", failure: "timeout" })
+    expect(Date.parse(ended.ended_at) - Date.parse(ended.started_at)).toBeGreaterThanOrEqual(MINUTE_MS)
+    const log = await logOf(run)
+    expect(log.filter((l) => l.kind === "terminal").map((l) => [l.state, l.reason])).toEqual([
+      ["opened", undefined],
+      ["closed", "the run ended"],
+    ])
+  }, 60_000)
 })

@@ -7,7 +7,9 @@
  * `open` answers the command's result at once; the session goes on in its own fiber in the
  * machine's scope, so the run's end closes it. It ends when the shell exits (an exit status frame,
  * then a `close 1000`), when the caller's relay says the caller went away, when a frame breaks the
- * protocol (`close 1008`/`1009` with the reason), or when no caller joined within the join wait.
+ * protocol (`close 1008`/`1009` with the reason), when the relay said nothing for three heartbeats
+ * (it sends `alive` every `heartbeatMs`, as this end does; `close 1001`), or when no caller joined
+ * within the join wait.
  * Output waits for the relay's credit (`windowFrames` ahead), so a slow caller slows the shell's
  * output rather than filling memory. The run log gets a line when a terminal opens and closes
  * (command id, when, exit status or reason), never what was typed or shown.
@@ -201,7 +203,25 @@ const run = (
       yield* finish({ code: Protocol.CloseCode.normal, reason: "the shell exited", exitStatus: status })
     })
 
+    // Every heartbeat: `alive` to the relay, and a look at whether the relay said anything since
+    // the last one. A relay killed outright never says `close`; without this the shell would live
+    // until the run ends.
+    const heartbeat = Effect.gen(function* () {
+      let seen = end.heard()
+      let silent = 0
+      for (;;) {
+        yield* Effect.sleep(settings.heartbeatMs)
+        yield* end.send(Protocol.encodeNote({ _tag: "alive" })).pipe(Effect.ignore)
+        const now = end.heard()
+        silent = now === seen ? silent + 1 : 0
+        seen = now
+        if (silent >= Protocol.SILENT_HEARTBEATS_MAX)
+          return yield* finish({ code: Protocol.CloseCode.goingAway, reason: "the caller's relay is gone" })
+      }
+    })
+
     const fibers = [
+      yield* Effect.fork(heartbeat),
       yield* Effect.fork(inbound.pipe(Effect.ignore)),
       yield* Effect.fork(notes.pipe(Effect.ignore)),
       yield* Effect.fork(overflow),
