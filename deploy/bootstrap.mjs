@@ -297,6 +297,7 @@ const DEBIAN_PACKAGES = [
   "qemu-system-x86",
   "qemu-utils",
   "busybox-static",
+  "tmux", // only for test/cli.shell.test.ts (`hangar shell` in a real terminal)
 ]
 
 const missingPackages = () =>
