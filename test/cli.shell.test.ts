@@ -7,10 +7,7 @@
 import { execFileSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import { rmSync } from "node:fs"
-import { createServer, type Server } from "node:http"
-import type { AddressInfo } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { newKeyPair } from "../core/Terminal.ts"
 import { bin, configHome, hangar } from "./harness/Cli.ts"
 import {
   closeStack,
@@ -216,39 +213,6 @@ describe("hangar shell", () => {
       expect(ran.status, ran.stderr).toBe(3)
       expect(ran.stderr).toContain("not_found")
       expect(ran.stdout).toBe("")
-    }
-  }, 60_000)
-
-  it("the relay refuses the route (a stand-in API hands out one no host end made): its status is printed, exit 4", async () => {
-    // An API that answers any `terminal` command with the real relay and a route nobody made.
-    const { publicKey } = newKeyPair()
-    const fake: Server = createServer((req, res) => {
-      req.resume()
-      req.on("end", () => {
-        res.writeHead(201, { "content-type": "application/json" })
-        res.end(
-          JSON.stringify({
-            id: "cmd_1",
-            kind: "terminal",
-            state: "succeeded",
-            result: {
-              relay_url: stack.relayUrl,
-              route: "A".repeat(22),
-              public_key: publicKey.toString("base64url"),
-            },
-          }),
-        )
-      })
-    })
-    await new Promise<void>((r) => fake.listen(0, "127.0.0.1", r))
-    try {
-      const ran = await hangar(["shell", run], {
-        env: { ...env, SERVICE_API: `http://127.0.0.1:${(fake.address() as AddressInfo).port}` },
-      })
-      expect(ran.status, ran.stderr).toBe(4)
-      expect(ran.stderr).toContain("the relay refused the terminal: 404 route: no such route")
-    } finally {
-      await new Promise((r) => fake.close(r))
     }
   }, 60_000)
 })
