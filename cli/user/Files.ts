@@ -1,0 +1,468 @@
+/**
+ * Moving folders and files between this machine and the API, streamed from and to disk so a 1 GiB
+ * folder goes up and down with flat memory.
+ *
+ * Up: a folder is packed (node-tar, portable headers, regular files and folders only, paths
+ * relative to the folder so the run's `/workspace/in` gets its content) into a temporary `.tar.gz`
+ * while its SHA-256 and size are counted; then `POST /v1/files` announces them and the file is sent
+ * from disk with the answered method, URL and headers (spec "Upload"). A single file goes up as it
+ * is, after one pass to hash it. Temporary archives are removed on every path.
+ *
+ * Down: the `.tar.gz` is streamed to a temporary file while it is hashed and its entries checked
+ * (node-tar's parser, strict); only when the hash matches and every entry is a regular file or a
+ * folder under a relative path without `..` is it unpacked, so a refused or damaged download leaves
+ * nothing behind. node-tar's unpacker also refuses to write through a symbolic link it finds in the
+ * target (a folder component that is a link: `SymlinkError`; a file that is a link is replaced).
+ *
+ * Decisions:
+ *
+ * - gzip level 1, in members of 4 MiB compressed on the thread pool side by side (a `.tar.gz` may
+ *   be several gzip members one after another; gzip, GNU tar and Node's gunzip read them as one
+ *   stream). One deflate stream runs at about 60 MB/s on incompressible data here, slower than the
+ *   upload itself; members let every core work and keep memory to a few blocks.
+ * - The archive's content length is sent as answered, except at 1e9 bytes or more: the gateway's
+ *   uWS build closes the connection on a content-length of ten digits (see
+ *   `gateway/uploads/uploads.heavy.test.ts`), so such a body goes chunked, which the upload route
+ *   counts as it arrives and checks against the announced size all the same.
+ * - A connection lost while sending is tried again (3 attempts) from the start of the file; a
+ *   `conflict` on a later attempt means the earlier one completed.
+ */
+import { createHash } from "node:crypto"
+import { createReadStream, type Stats } from "node:fs"
+import { type FileHandle, mkdir, mkdtemp, open, readdir, rename, rm, stat } from "node:fs/promises"
+import http from "node:http"
+import https from "node:https"
+import { availableParallelism, tmpdir } from "node:os"
+import { basename, dirname, join } from "node:path"
+import { promisify } from "node:util"
+import { gzip as gzipCallback, type ZlibOptions } from "node:zlib"
+import { x as extract, Pack, Parser, type ReadEntry } from "tar"
+import type { Api } from "./Api.ts"
+import { ApiRefused } from "./Failures.ts"
+import * as Print from "./Print.ts"
+
+const MiB = 1024 * 1024
+
+/** Plain tar bytes per gzip member. */
+const MEMBER_BYTES = 4 * MiB
+
+/** A content-length at or above this goes chunked instead (the gateway's uWS refuses ten digits). */
+const CHUNKED_FROM = 1e9
+
+const SEND_ATTEMPTS = 3
+
+const gzip = promisify(gzipCallback) as (input: Buffer, options: ZlibOptions) => Promise<Buffer>
+
+/** What `POST /v1/files` answers (spec "Upload"). */
+interface UploadLink {
+  readonly id: string
+  readonly url: string
+  readonly method: string
+  readonly headers: Readonly<Record<string, string>>
+}
+
+const kindOf = (
+  s: Pick<Stats, "isSymbolicLink" | "isFIFO" | "isSocket" | "isCharacterDevice" | "isBlockDevice">,
+) =>
+  s.isSymbolicLink()
+    ? "a symbolic link"
+    : s.isFIFO()
+      ? "a fifo"
+      : s.isSocket()
+        ? "a socket"
+        : s.isCharacterDevice() || s.isBlockDevice()
+          ? "a device file"
+          : "a special file"
+
+const refusedMember = (path: string, kind: string) =>
+  new Error(`${path}: ${kind} cannot be uploaded (a folder may hold only regular files and folders)`)
+
+/**
+ * Walks `dir` (links are not followed) and answers the bytes of its files; throws naming the first
+ * entry that is neither a regular file nor a folder.
+ */
+const measure = async (dir: string): Promise<number> => {
+  let total = 0
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name)
+    if (entry.isDirectory()) total += await measure(path)
+    else if (entry.isFile()) total += (await stat(path)).size
+    else throw refusedMember(path, kindOf(entry))
+  }
+  return total
+}
+
+// A link cache that remembers nothing: node-tar then packs every hard-linked file as a file of its
+// own (the service refuses link entries).
+const noLinks = {
+  get: () => undefined,
+  set() {
+    return this
+  },
+} as unknown as Map<`${number}:${number}`, string>
+
+/** What a pass over bytes counted. */
+interface Counted {
+  readonly bytes: number
+  readonly sha256: string
+}
+
+/** Packs `dir` into `file` (made new); answers the archive's size and SHA-256. */
+export const packFolder = async (
+  dir: string,
+  file: string,
+  onPlain?: (n: number) => void,
+): Promise<Counted> => {
+  let refused: Error | undefined
+  const pack = new Pack({
+    cwd: dir,
+    portable: true,
+    linkCache: noLinks,
+    maxReadSize: MiB,
+    jobs: 2,
+    // Checked again as node-tar reads each entry: something swapped in after `measure` is refused too.
+    filter: (path: string, s: Stats | ReadEntry) => {
+      const ok = "isFile" in s && (s.isFile() || s.isDirectory())
+      if (!ok) refused ??= refusedMember(join(dir, path), "isFile" in s ? kindOf(s) : "a special file")
+      return ok
+    },
+  })
+  pack.add(".")
+  pack.end()
+  const hash = createHash("sha256")
+  let bytes = 0
+  const width = Math.max(2, Math.min(availableParallelism(), 4))
+  const out = await open(file, "wx", 0o600)
+  // Compressed members in order; at most `width` are being compressed at once.
+  const working: Array<Promise<Buffer>> = []
+  let block: Array<Buffer> = []
+  let blockBytes = 0
+  const emit = async (member: Buffer) => {
+    hash.update(member)
+    bytes += member.length
+    await out.write(member)
+  }
+  const seal = async () => {
+    if (blockBytes === 0) return
+    const input = Buffer.concat(block, blockBytes)
+    block = []
+    blockBytes = 0
+    const compressing = gzip(input, { level: 1, chunkSize: MiB })
+    compressing.catch(() => undefined) // awaited in order below; a failure is seen there
+    working.push(compressing)
+    while (working.length >= width) await emit(await (working.shift() as Promise<Buffer>))
+  }
+  try {
+    for await (const chunk of pack as AsyncIterable<Buffer>) {
+      if (refused) throw refused
+      onPlain?.(chunk.length)
+      block.push(chunk)
+      blockBytes += chunk.length
+      if (blockBytes >= MEMBER_BYTES) await seal()
+    }
+    if (refused) throw refused
+    await seal()
+    while (working.length > 0) await emit(await (working.shift() as Promise<Buffer>))
+  } finally {
+    // An early end (a refusal, a full disk) leaves node-tar paused mid-folder: stop it.
+    if (refused !== undefined || working.length > 0 || blockBytes > 0) pack.destroy()
+    await out.close()
+  }
+  return { bytes, sha256: hash.digest("hex") }
+}
+
+/** Hashes a file in one streamed pass. */
+const hashFile = async (path: string): Promise<Counted> => {
+  const hash = createHash("sha256")
+  let bytes = 0
+  for await (const chunk of createReadStream(path, { highWaterMark: MiB }) as AsyncIterable<Buffer>) {
+    hash.update(chunk)
+    bytes += chunk.length
+  }
+  return { bytes, sha256: hash.digest("hex") }
+}
+
+const clientOf = (url: URL) => (url.protocol === "https:" ? https : http)
+
+/** The error body of a refusal (`{error, code}`) as `ApiRefused`, else a plain Error. */
+const refusal = (what: string, status: number, text: string): Error => {
+  try {
+    const body = JSON.parse(text) as { error?: unknown; code?: unknown }
+    if (typeof body.code === "string")
+      return new ApiRefused(status, body.code, typeof body.error === "string" ? body.error : text)
+  } catch {
+    // not the API's error body
+  }
+  return new Error(`${what}: the server answered ${status}${text ? `: ${text.slice(0, 200)}` : ""}`)
+}
+
+/** One attempt at sending `file` to the link: answers the status and body, or rejects (connection). */
+const sendOnce = (
+  link: UploadLink,
+  file: string,
+  size: number,
+  progress: Print.Progress,
+): Promise<{ status: number; text: string }> =>
+  new Promise((resolve, reject) => {
+    const url = new URL(link.url)
+    const headers: Record<string, string> = { ...link.headers }
+    if (size >= CHUNKED_FROM)
+      for (const name of Object.keys(headers))
+        if (name.toLowerCase() === "content-length") delete headers[name]
+    const source = createReadStream(file, { highWaterMark: MiB })
+    const req = clientOf(url).request(url, { method: link.method || "PUT", headers, agent: false }, (res) => {
+      let text = ""
+      res.setEncoding("utf8")
+      res.on("data", (c: string) => {
+        if (text.length < 64 * 1024) text += c
+      })
+      res.on("end", () => {
+        // A refusal may come before the whole body went: stop reading the file.
+        source.destroy()
+        resolve({ status: res.statusCode ?? 0, text })
+      })
+      res.on("error", reject)
+    })
+    req.on("error", reject)
+    source.on("data", (c) => progress.add(c.length))
+    source.on("error", (e) => {
+      req.destroy(e)
+      reject(e)
+    })
+    source.pipe(req)
+  })
+
+/** Sends `file` (`counted` is its size and hash) with `POST /v1/files` and the answered link. */
+const upload = async (
+  api: Api,
+  out: Print.Out,
+  file: string,
+  counted: Counted,
+  label: string,
+): Promise<string> => {
+  const link = await api.call<UploadLink>("POST", "/v1/files", {
+    bytes: counted.bytes,
+    sha256: counted.sha256,
+  })
+  for (let attempt = 1; ; attempt++) {
+    const progress = Print.progress(out, label, counted.bytes)
+    let answer: { status: number; text: string }
+    try {
+      answer = await sendOnce(link, file, counted.bytes, progress)
+    } catch (e) {
+      if (attempt >= SEND_ATTEMPTS)
+        throw new Error(`upload to ${new URL(link.url).host} failed: ${(e as Error).message}`)
+      Print.note(`upload interrupted (${(e as Error).message}); sending again`)
+      continue
+    }
+    progress.done()
+    if (answer.status >= 200 && answer.status < 300) return link.id
+    // The earlier attempt arrived whole; only its answer was lost.
+    if (attempt > 1 && answer.status === 409) return link.id
+    throw refusal(`upload of ${file}`, answer.status, answer.text)
+  }
+}
+
+/** A new temporary folder under the system's (removed by the caller). */
+const scratch = () => mkdtemp(join(tmpdir(), "hangar-"))
+
+/**
+ * Packs `dir` as a `.tar.gz` (streamed, gzip level 1, regular files and folders only: a link is
+ * refused with an Error naming it), uploads it (`POST /v1/files` with its bytes and sha256, then
+ * the answer's method/url/headers) with progress on stderr, and answers the upload id (`file_…`).
+ * The temporary archive is removed on every path.
+ */
+export const uploadFolder = async (api: Api, out: Print.Out, dir: string): Promise<string> => {
+  const s = await stat(dir)
+  if (!s.isDirectory()) throw new Error(`${dir}: not a folder`)
+  const total = await measure(dir)
+  const temp = await scratch()
+  try {
+    const archive = join(temp, "folder.tar.gz")
+    const packing = Print.progress(out, `packing ${basename(dir)}`, total)
+    const counted = await packFolder(dir, archive, packing.add)
+    packing.done()
+    return await upload(api, out, archive, counted, "uploading")
+  } finally {
+    await rm(temp, { recursive: true, force: true })
+  }
+}
+
+/** Uploads one local file as it is (for `cp` into a run); answers the upload id. */
+export const uploadFile = async (api: Api, out: Print.Out, path: string): Promise<string> => {
+  const s = await stat(path)
+  if (!s.isFile()) throw new Error(`${path}: not a regular file`)
+  return upload(api, out, path, await hashFile(path), `uploading ${basename(path)}`)
+}
+
+/**
+ * Streams the body at `url` into the open file `into` with progress; `onChunk` sees each piece.
+ * Answers the bytes and their SHA-256; a body shorter than its content-length is an Error.
+ */
+const download = (
+  out: Print.Out,
+  url: string,
+  into: FileHandle,
+  label: string,
+  onChunk?: (chunk: Buffer) => Promise<void> | void,
+): Promise<Counted> =>
+  new Promise((resolve, reject) => {
+    const target = new URL(url)
+    const req = clientOf(target).get(target, { agent: false }, (res) => {
+      const status = res.statusCode ?? 0
+      if (status < 200 || status > 299) {
+        let text = ""
+        res.setEncoding("utf8")
+        res.on("data", (c: string) => {
+          if (text.length < 64 * 1024) text += c
+        })
+        res.on("end", () => reject(refusal("download", status, text)))
+        res.on("error", reject)
+        return
+      }
+      const length = Number(res.headers["content-length"] ?? Number.NaN)
+      const progress = Print.progress(out, label, Number.isFinite(length) ? length : 0)
+      const hash = createHash("sha256")
+      let bytes = 0
+      ;(async () => {
+        for await (const chunk of res as AsyncIterable<Buffer>) {
+          hash.update(chunk)
+          bytes += chunk.length
+          await into.write(chunk)
+          await onChunk?.(chunk)
+          progress.add(chunk.length)
+        }
+        progress.done()
+        if (Number.isFinite(length) && bytes !== length)
+          throw new Error(`the download was cut off: ${bytes} of ${length} bytes arrived`)
+        return { bytes, sha256: hash.digest("hex") }
+      })().then(resolve, (e) => {
+        res.destroy()
+        reject(e)
+      })
+    })
+    req.on("error", (e) => reject(new Error(`download from ${target.host} failed: ${e.message}`)))
+  })
+
+/** Streams the file at `url` to `path` (through a temporary file beside it, renamed at the end). */
+export const downloadFile = async (out: Print.Out, url: string, path: string): Promise<number> => {
+  await mkdir(dirname(path), { recursive: true })
+  const temp = join(dirname(path), `.${basename(path)}.hangar-${process.pid}-${Date.now()}.part`)
+  let moved = false
+  try {
+    const file = await open(temp, "wx", 0o644)
+    let counted: Counted
+    try {
+      counted = await download(out, url, file, `downloading ${basename(path)}`)
+      await file.sync()
+    } finally {
+      await file.close()
+    }
+    await rename(temp, path)
+    moved = true
+    return counted.bytes
+  } finally {
+    if (!moved) await rm(temp, { force: true })
+  }
+}
+
+/** Why an archive entry is refused, or undefined when it may be unpacked. */
+export const entryRefusal = (entry: Pick<ReadEntry, "path" | "type">): string | undefined => {
+  const shown = JSON.stringify(entry.path)
+  const t = entry.type
+  if (t === "Link" || t === "SymbolicLink")
+    return `${shown}: ${t === "Link" ? "hard" : "symbolic"} links are refused (only regular files and folders)`
+  if (t !== "File" && t !== "OldFile" && t !== "ContiguousFile" && t !== "Directory")
+    return `${shown}: entries of type ${t} are refused (only regular files and folders)`
+  const p = entry.path
+  if (p.includes("\0")) return `${shown}: the name holds a NUL character`
+  if (p.startsWith("/") || p.startsWith("\\") || /^[A-Za-z]:/.test(p))
+    return `${shown}: absolute paths are refused`
+  if (p.split(/[\\/]/).includes("..")) return `${shown}: paths with .. are refused`
+  return undefined
+}
+
+/** A checking parser fed as the archive arrives: `refused` holds the first rule broken. */
+const checker = () => {
+  const state: { refused: string | undefined } = { refused: undefined }
+  const parser = new Parser({ strict: true })
+  const refuse = (why: string) => {
+    if (state.refused === undefined) state.refused = why
+  }
+  parser.on("entry", (entry: ReadEntry) => {
+    const why = entryRefusal(entry)
+    if (why !== undefined) refuse(why)
+    entry.resume()
+  })
+  parser.on("ignoredEntry", (entry: ReadEntry) => {
+    if (!entry.meta) refuse(entryRefusal(entry) ?? `${JSON.stringify(entry.path)}: entry refused`)
+  })
+  parser.on("error", (e: Error) => refuse(`not a readable .tar.gz: ${e.message}`))
+  const guard = (f: () => unknown) => {
+    try {
+      f()
+    } catch (e) {
+      refuse(`not a readable .tar.gz: ${(e as Error).message}`)
+    }
+  }
+  return {
+    state,
+    push: async (chunk: Buffer) => {
+      if (state.refused !== undefined) return
+      let drained = true
+      guard(() => {
+        drained = parser.write(chunk)
+      })
+      if (!drained && state.refused === undefined) await new Promise((r) => parser.once("drain", r))
+    },
+    end: () => guard(() => parser.end()),
+  }
+}
+
+/**
+ * Downloads the `.tar.gz` at `url` with progress, checks its SHA-256 against `sha256` (when
+ * given), and unpacks it into `dir` (made if missing), refusing links and any path outside `dir`.
+ */
+export const downloadAndUnpack = async (
+  out: Print.Out,
+  url: string,
+  sha256: string | undefined,
+  dir: string,
+): Promise<void> => {
+  const temp = await scratch()
+  try {
+    const archive = join(temp, "download.tar.gz")
+    const check = checker()
+    const file = await open(archive, "wx", 0o600)
+    let counted: Counted
+    try {
+      counted = await download(out, url, file, "downloading", check.push)
+    } finally {
+      await file.close()
+    }
+    if (sha256 !== undefined && counted.sha256 !== sha256.toLowerCase())
+      throw new Error(
+        `the download's SHA-256 is ${counted.sha256}, not the ${sha256} announced; nothing was unpacked`,
+      )
+    check.end()
+    if (check.state.refused !== undefined)
+      throw new Error(`the archive is refused, nothing was unpacked: ${check.state.refused}`)
+    await mkdir(dir, { recursive: true })
+    // Checked again as it unpacks (the same file, so nothing should differ).
+    let refused: string | undefined
+    await extract({
+      file: archive,
+      cwd: dir,
+      strict: true,
+      preserveOwner: false,
+      filter: (_path: string, entry: Stats | ReadEntry) => {
+        const why = "type" in entry ? entryRefusal(entry) : "not an archive entry"
+        if (why !== undefined) refused ??= why
+        return why === undefined
+      },
+    })
+    if (refused !== undefined) throw new Error(`the archive is refused: ${refused}`)
+  } finally {
+    await rm(temp, { recursive: true, force: true })
+  }
+}
