@@ -17,7 +17,7 @@
  *
  *   node --import tsx bench/terminal.ts [echoes=300] [mb=50] [idle=100]
  */
-import { type ChildProcess, spawn } from "node:child_process"
+import { type ChildProcess, spawn, spawnSync } from "node:child_process"
 import { createECDH } from "node:crypto"
 import { readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
@@ -241,12 +241,23 @@ try {
   const through = await measure(session)
   session.close()
 
+  // The ceiling under both: the same output through a local PTY with no ssh and no relay
+  // (`script` reads the PTY's master as fast as the kernel fills it).
+  const ptyStarted = performance.now()
+  const pty = spawnSync("script", ["-qc", `head -c ${mb}M /dev/zero | base64`, "/dev/null"], {
+    maxBuffer: 4 * mb * 1024 * 1024,
+  })
+  const ptyMbps = (pty.stdout?.length ?? 0) / 1e6 / ((performance.now() - ptyStarted) / 1000)
+
   console.log(`| measure | through a relay | direct ssh2 PTY (baseline) |`)
   console.log(`|---|---|---|`)
   console.log(`| keystroke echo p50 | ${through.p50.toFixed(2)} ms | ${baseline.p50.toFixed(2)} ms |`)
   console.log(`| keystroke echo p99 | ${through.p99.toFixed(2)} ms | ${baseline.p99.toFixed(2)} ms |`)
   console.log(
     `| output of ${mb} MB of base64 | ${through.mbps.toFixed(1)} MB/s | ${baseline.mbps.toFixed(1)} MB/s |`,
+  )
+  console.log(
+    `| the same through a local PTY, no ssh (the kernel's ceiling here) | | ${ptyMbps.toFixed(1)} MB/s |`,
   )
   console.log()
   console.log(`${idle} idle sessions, 10 s (${open} still open after it), beside 10 s with none:`)
