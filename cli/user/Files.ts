@@ -20,10 +20,8 @@
  *   be several gzip members one after another; gzip, GNU tar and Node's gunzip read them as one
  *   stream). One deflate stream runs at about 60 MB/s on incompressible data here, slower than the
  *   upload itself; members let every core work and keep memory to a few blocks.
- * - The archive's content length is sent as answered, except at 1e9 bytes or more: the gateway's
- *   uWS build closes the connection on a content-length of ten digits (see
- *   `gateway/uploads/uploads.heavy.test.ts`), so such a body goes chunked, which the upload route
- *   counts as it arrives and checks against the announced size all the same.
+ * - The body goes with exactly the answered headers (from 1e9 bytes the gateway answers
+ *   `transfer-encoding: chunked` instead of a content-length).
  * - A connection lost while sending is tried again (3 attempts) from the start of the file; a
  *   `conflict` on a later attempt means the earlier one completed.
  */
@@ -45,9 +43,6 @@ const MiB = 1024 * 1024
 
 /** Plain tar bytes per gzip member. */
 const MEMBER_BYTES = 4 * MiB
-
-/** A content-length at or above this goes chunked instead (the gateway's uWS refuses ten digits). */
-const CHUNKED_FROM = 1e9
 
 const SEND_ATTEMPTS = 3
 
@@ -200,15 +195,11 @@ const refusal = (what: string, status: number, text: string): Error => {
 const sendOnce = (
   link: UploadLink,
   file: string,
-  size: number,
   progress: Print.Progress,
 ): Promise<{ status: number; text: string }> =>
   new Promise((resolve, reject) => {
     const url = new URL(link.url)
     const headers: Record<string, string> = { ...link.headers }
-    if (size >= CHUNKED_FROM)
-      for (const name of Object.keys(headers))
-        if (name.toLowerCase() === "content-length") delete headers[name]
     const source = createReadStream(file, { highWaterMark: MiB })
     const req = clientOf(url).request(url, { method: link.method || "PUT", headers, agent: false }, (res) => {
       let text = ""
@@ -248,7 +239,7 @@ const upload = async (
     const progress = Print.progress(out, label, counted.bytes)
     let answer: { status: number; text: string }
     try {
-      answer = await sendOnce(link, file, counted.bytes, progress)
+      answer = await sendOnce(link, file, progress)
     } catch (e) {
       if (attempt >= SEND_ATTEMPTS)
         throw new Error(`upload to ${new URL(link.url).host} failed: ${(e as Error).message}`)

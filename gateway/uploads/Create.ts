@@ -1,7 +1,10 @@
 /**
  * `POST /v1/files` (member): records a `pending` upload of the announced size and SHA-256 and
  * answers where and how to send it: `PUT` to a signed link served by this gateway, with exactly
- * `content-type: application/octet-stream` and `content-length: <bytes>`.
+ * `content-type: application/octet-stream` and `content-length: <bytes>`, or, from 1e9 bytes,
+ * `transfer-encoding: chunked` instead: the uWS build serving the link closes the connection on a
+ * content-length of ten digits, and the route counts a chunked body against the announced bytes
+ * all the same. A client sending exactly the answered headers therefore always gets through.
  */
 import { Clock, Effect, Option } from "effect"
 import { Uploads } from "../../core/Uploads.ts"
@@ -10,6 +13,10 @@ import { ApiError } from "../../schema/Errors.ts"
 import type { UploadId } from "../../schema/Ids.ts"
 import { UploadRequest, type UploadResponse } from "../../schema/Upload.ts"
 import { authRoute } from "../auth/Route.ts"
+
+/** From this size the answered headers say chunked instead of a content-length (uWS takes nine digits). */
+export const CHUNKED_FROM_BYTES = 1_000_000_000
+
 import { newId } from "../Idempotency.ts"
 import { json } from "../Response.ts"
 import { UploadLinks, UploadSettings, uploadPath } from "./Links.ts"
@@ -93,7 +100,12 @@ export const createRoute = authRoute({
         id,
         url: `${base}${uploadPath(id)}?expires=${expires}&sig=${sig}`,
         method: "PUT",
-        headers: { "content-type": uploadContentType, "content-length": String(body.bytes) },
+        headers: {
+          "content-type": uploadContentType,
+          ...(body.bytes < CHUNKED_FROM_BYTES
+            ? { "content-length": String(body.bytes) }
+            : { "transfer-encoding": "chunked" }),
+        },
       }
       yield* Effect.logInfo("upload created").pipe(
         Effect.annotateLogs({ upload: id, account, bytes: body.bytes }),

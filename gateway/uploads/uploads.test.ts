@@ -152,7 +152,15 @@ describe("POST /v1/files", () => {
     const hash = sha(new Uint8Array(0))
     const at = await create(a.token, { bytes: 5_000_000_000, sha256: hash })
     expect(at.status).toBe(201)
-    expect(at.body.headers["content-length"]).toBe("5000000000")
+    expect(at.body.headers).toEqual({
+      "content-type": "application/octet-stream",
+      "transfer-encoding": "chunked",
+    })
+    const below = await create(a.token, { bytes: 999_999_999, sha256: hash })
+    expect(below.body.headers).toEqual({
+      "content-type": "application/octet-stream",
+      "content-length": "999999999",
+    })
     const over = await create(a.token, { bytes: 5_000_000_001, sha256: hash })
     expect(over.status).toBe(400)
     expect(over.body.code).toBe("invalid_request")
