@@ -208,6 +208,25 @@ describe("packing", () => {
   })
 })
 
+describe("gzip levels", () => {
+  it("stores what level 1 would not shrink (random data) and compresses the rest; GNU tar reads both", async () => {
+    for (const [name, data, most] of [
+      ["random", randomBytes(12 * 1024 * 1024), 1.01],
+      ["zeros", Buffer.alloc(12 * 1024 * 1024), 0.01],
+    ] as const) {
+      const dir = join(work, `levels-${name}`)
+      mkdirSync(dir)
+      writeFileSync(join(dir, "data.bin"), data)
+      const archive = join(work, `levels-${name}.tar.gz`)
+      const counted = await packFolder(dir, archive)
+      expect(counted.bytes / data.length).toBeLessThan(most)
+      const listed = spawnSync("tar", ["-tzvf", archive], { encoding: "utf8" })
+      expect(listed.status, listed.stderr).toBe(0)
+      expect(listed.stdout).toContain(String(data.length))
+    }
+  })
+})
+
 describe("unpacking refuses", () => {
   const outside = () => join(work, "outside")
 
