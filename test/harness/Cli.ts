@@ -3,7 +3,7 @@
  * tests: its exit status, stdout and stderr, with the environment a user would set.
  */
 import { spawn } from "node:child_process"
-import { mkdtempSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { root } from "../../deploy/tools.mjs"
@@ -32,8 +32,20 @@ export interface RunOptions {
   readonly onStderr?: (chunk: string, child: ReturnType<typeof spawn>) => void
 }
 
-/** A fresh config folder (`XDG_CONFIG_HOME`), so no test sees another's saved key. */
-export const configHome = (): string => mkdtempSync(join(tmpdir(), "hangar-cli-config-"))
+let homes: string | undefined
+
+/**
+ * A fresh config folder (`XDG_CONFIG_HOME`), so no test sees another's saved key. They are made in
+ * one temporary folder per test process, removed when the process exits.
+ */
+export const configHome = (): string => {
+  if (homes === undefined) {
+    const made = mkdtempSync(join(tmpdir(), "hangar-cli-config-"))
+    homes = made
+    process.once("exit", () => rmSync(made, { recursive: true, force: true }))
+  }
+  return mkdtempSync(join(homes, "home-"))
+}
 
 /** Runs `hangar …args`. */
 export const hangar = (args: ReadonlyArray<string>, options: RunOptions = {}): Promise<Ran> =>
