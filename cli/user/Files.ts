@@ -21,8 +21,8 @@
  *   be several gzip members one after another; gzip, GNU tar and Node's gunzip read them as one
  *   stream). One deflate stream runs at about 60 MB/s on incompressible data here, slower than the
  *   upload itself; members let every core work and keep memory to a few blocks.
- * - The body goes with exactly the answered headers (from 1e9 bytes the gateway answers
- *   `transfer-encoding: chunked` instead of a content-length).
+ * - The body goes with exactly the answered headers (from 1e9 bytes they hold no content-length,
+ *   and the body goes chunked).
  * - A connection lost while sending is tried again (3 attempts) from the start of the file; a
  *   `conflict` on a later attempt means the earlier one completed.
  */

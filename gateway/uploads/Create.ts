@@ -1,10 +1,11 @@
 /**
  * `POST /v1/files` (member): records a `pending` upload of the announced size and SHA-256 and
  * answers where and how to send it: `PUT` to a signed link served by this gateway, with exactly
- * `content-type: application/octet-stream` and `content-length: <bytes>`, or, from 1e9 bytes,
- * `transfer-encoding: chunked` instead: the uWS build serving the link closes the connection on a
- * content-length of ten digits, and the route counts a chunked body against the announced bytes
- * all the same. A client sending exactly the answered headers therefore always gets through.
+ * `content-type: application/octet-stream` and `content-length: <bytes>`; from 1e9 bytes without
+ * the content-length: the uWS build serving the link closes the connection on a content-length
+ * of ten digits, so such a body goes chunked (what an HTTP client does with a streamed body of no
+ * announced length; `fetch` may not be told `transfer-encoding` itself), and the route counts it
+ * against the announced bytes all the same.
  */
 import { Clock, Effect, Option } from "effect"
 import { Uploads } from "../../core/Uploads.ts"
@@ -14,7 +15,7 @@ import type { UploadId } from "../../schema/Ids.ts"
 import { UploadRequest, type UploadResponse } from "../../schema/Upload.ts"
 import { authRoute } from "../auth/Route.ts"
 
-/** From this size the answered headers say chunked instead of a content-length (uWS takes nine digits). */
+/** From this size the answered headers hold no content-length (uWS takes nine digits): the body goes chunked. */
 export const CHUNKED_FROM_BYTES = 1_000_000_000
 
 import { newId } from "../Idempotency.ts"
@@ -102,9 +103,7 @@ export const createRoute = authRoute({
         method: "PUT",
         headers: {
           "content-type": uploadContentType,
-          ...(body.bytes < CHUNKED_FROM_BYTES
-            ? { "content-length": String(body.bytes) }
-            : { "transfer-encoding": "chunked" }),
+          ...(body.bytes < CHUNKED_FROM_BYTES ? { "content-length": String(body.bytes) } : {}),
         },
       }
       yield* Effect.logInfo("upload created").pipe(

@@ -32,8 +32,8 @@ afterAll(async () => {
   if (dir) await rm(dir, { recursive: true, force: true })
 })
 
-// Sent with exactly the answered headers: from 1e9 bytes they say chunked (the uWS build refuses a
-// ten-digit content-length), which the route counts as it arrives.
+// Sent with exactly the answered headers: from 1e9 bytes they hold no content-length (the uWS build
+// refuses ten digits), so the body goes chunked, which the route counts as it arrives.
 const upload = async (total: number) => {
   const sha256 = sha256Of(generated(total, pool))
   const made = await fetch(`${gateway.url}/v1/files`, {
