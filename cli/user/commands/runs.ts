@@ -89,7 +89,13 @@ const printLog = async (api: Api, out: Print.Out, run: string, printed: number) 
 const follow = async (api: Api, out: Print.Out, run: string, log: boolean): Promise<Run> => {
   let since = 0
   let printed = 0
+  let sawEnd = false
   let last = ""
+  const readLog = async () => {
+    const read = await printLog(api, out, run, printed)
+    printed = read.count
+    sawEnd ||= read.sawEnd
+  }
   for (;;) {
     const list = await api.call<{ state: string; sequence: number }>(
       "GET",
@@ -102,17 +108,14 @@ const follow = async (api: Api, out: Print.Out, run: string, log: boolean): Prom
     since = list.sequence
     if (list.state !== last && !out.json) Print.note(`${run} ${Print.state(out, list.state)}`)
     last = list.state
-    if (log) printed = (await printLog(api, out, run, printed)).count
+    if (log) await readLog()
     if (FINAL.has(list.state)) break
   }
   // The last part (with the `end` line) is written as the machine goes, just after the state.
-  if (log)
-    for (let i = 0; i < 20; i++) {
-      const read = await printLog(api, out, run, printed)
-      printed = read.count
-      if (read.sawEnd) break
-      await new Promise((r) => setTimeout(r, 500))
-    }
+  for (let i = 0; log && !sawEnd && i < 20; i++) {
+    await new Promise((r) => setTimeout(r, 250))
+    await readLog()
+  }
   return getRun(api, run)
 }
 
