@@ -7,6 +7,9 @@
  *   never another role and never `deploy/`;
  * - `@nats-io/*` is imported by `core/` only, `uWebSockets.js` by the gateway and the relay, `ssh2`
  *   by the host agent;
+ * - the user CLI (`cli/user/`) reaches the service over HTTP and WebSocket only: it imports itself,
+ *   and of the service only `core/Terminal.ts` (the terminal codec) and `core/KeyTokens.ts`
+ *   (node:crypto alone), and of packages only `ws`, `yaml` and `tar` (it is bundled to start fast);
  * - `cli/`, `deploy/`, `bench/` and `test/` compose roles and may import anything, as may tests
  *   (`*.test.ts`) and test helpers (`testing.ts`, `testing/`), which build fixtures from the roles
  *   they exercise.
@@ -36,8 +39,16 @@ const sources = (dir: string): Array<string> =>
 const areaOf = (path: string) => path.split("/")[0] ?? ""
 const isTestCode = (path: string) => /\.test\.ts$/.test(path) || /(^|\/)testing(\.ts|\/)/.test(path)
 
+const userCli = "cli/user/"
+const userCliCore = new Set(["core/Terminal.ts", "core/KeyTokens.ts"])
+const userCliPackages = /^(node:.*|ws|yaml|tar|esbuild)$/
+
 /** What `path` may import from `target` (a repository path), or why not. */
 const refusal = (path: string, target: string): string | undefined => {
+  if (path.startsWith(userCli) && !isTestCode(path))
+    return target.startsWith(userCli) || userCliCore.has(target)
+      ? undefined
+      : "the user CLI imports only cli/user/, core/Terminal.ts and core/KeyTokens.ts"
   const from = areaOf(path)
   const to = areaOf(target)
   if (from === to || composers.has(from) || isTestCode(path)) return undefined
@@ -65,6 +76,10 @@ const violations = (files: ReadonlyArray<string>, read: (path: string) => string
         const why = refusal(path, target)
         return why === undefined ? [] : [`${path} → ${spec}: ${why}`]
       }
+      if (path.startsWith(userCli) && !isTestCode(path))
+        return userCliPackages.test(spec)
+          ? []
+          : [`${path} → ${spec}: the user CLI imports only ws, yaml and tar`]
       if (isTestCode(path) || composers.has(areaOf(path))) return []
       for (const [pattern, allowed] of packages)
         if (pattern.test(spec) && !allowed.has(areaOf(path)))
@@ -97,6 +112,8 @@ describe("import rules", () => {
       "actors/run/Run.test.ts": 'import { x } from "../../gateway/Server.ts"',
       "cli/main.ts": 'import * as Actors from "../actors/main.ts"',
       "relay/Relay.ts": 'const m = await import("../host-agent/main.ts")',
+      "cli/user/commands/runs.ts":
+        'import { Effect } from "effect"\nimport { x } from "../../../core/Nats.ts"',
     }
     expect(violations(Object.keys(fake), (p) => fake[p] ?? "")).toEqual([
       "gateway/runs/Start.ts → ../../actors/run/Run.ts: a role imports only itself, core/ and schema/ (not actors/)",
@@ -104,6 +121,8 @@ describe("import rules", () => {
       "schema/actors/Run.ts → ../../core/Nats.ts: schema/ imports only schema/",
       "host-agent/guest/Files.ts → @nats-io/transport-node: only core may import it",
       "relay/Relay.ts → ../host-agent/main.ts: a role imports only itself, core/ and schema/ (not host-agent/)",
+      "cli/user/commands/runs.ts → effect: the user CLI imports only ws, yaml and tar",
+      "cli/user/commands/runs.ts → ../../../core/Nats.ts: the user CLI imports only cli/user/, core/Terminal.ts and core/KeyTokens.ts",
     ])
   })
 })
