@@ -4,16 +4,24 @@
 // into `.tools/cli/` the first time it runs after a change to its sources (a few stats tell), and
 // started from there; each command's code is its own chunk, loaded only when that command runs.
 // `serve` and `admin` (the service itself) and any failure to bundle go through tsx as before.
-import { mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs"
+//
+// Each bundle is a folder of its own, never changed; `.tools/cli/current` names the newest (written
+// whole and renamed into place), so processes bundling at once, or a process still loading chunks
+// of an older bundle, never see a half-made or removed folder. Bundles an hour older than the
+// current one are removed by the next bundling.
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 const command = process.argv[2]
+const home = join(process.env.HANGAR_TOOLS_DIR ?? join(root, ".tools"), "cli")
+const pointer = join(home, "current")
 
-/** The bundle's entry when it is newer than every source it was made from, else undefined. */
-const fresh = (dir) => {
+/** The current bundle's entry when it is newer than every source it was made from, else undefined. */
+const fresh = () => {
   try {
+    const dir = join(home, readFileSync(pointer, "utf8").trim())
     const made = JSON.parse(readFileSync(join(dir, "inputs.json"), "utf8"))
     const at = statSync(join(dir, "main.mjs")).mtimeMs
     for (const input of made.inputs) if (statSync(join(root, input)).mtimeMs > at) return undefined
@@ -23,14 +31,15 @@ const fresh = (dir) => {
   }
 }
 
-/** Bundles the user CLI into `dir` (a fresh folder swapped in whole); answers its entry. */
-const bundle = async (dir) => {
+/** Bundles the user CLI into a new folder and makes it the current one; answers its entry. */
+const bundle = async () => {
   const { build } = await import("esbuild")
-  const temporary = `${dir}.${process.pid}.tmp`
-  rmSync(temporary, { recursive: true, force: true })
+  mkdirSync(home, { recursive: true })
+  const name = `b-${Date.now()}-${process.pid}`
+  const dir = join(home, name)
   const result = await build({
     entryPoints: { main: join(root, "cli", "user", "main.ts") },
-    outdir: temporary,
+    outdir: dir,
     outExtension: { ".js": ".mjs" },
     bundle: true,
     splitting: true,
@@ -45,19 +54,22 @@ const bundle = async (dir) => {
     },
   })
   const inputs = [...Object.keys(result.metafile.inputs), "package.json"]
-  writeFileSync(join(temporary, "inputs.json"), JSON.stringify({ inputs }))
-  rmSync(dir, { recursive: true, force: true })
-  renameSync(temporary, dir)
+  writeFileSync(join(dir, "inputs.json"), JSON.stringify({ inputs }))
+  const temporary = `${pointer}.${process.pid}.tmp`
+  writeFileSync(temporary, name)
+  renameSync(temporary, pointer)
+  const old = Date.now() - 3600_000
+  for (const entry of readdirSync(home))
+    if (entry.startsWith("b-") && entry !== name && Number(entry.split("-")[1]) < old)
+      rmSync(join(home, entry), { recursive: true, force: true })
   return join(dir, "main.mjs")
 }
 
 const user = async () => {
-  const dir = join(process.env.HANGAR_TOOLS_DIR ?? join(root, ".tools"), "cli")
-  let entry = fresh(dir)
+  let entry = fresh()
   if (entry === undefined) {
     try {
-      mkdirSync(dirname(dir), { recursive: true })
-      entry = await bundle(dir)
+      entry = await bundle()
     } catch {
       return false
     }
