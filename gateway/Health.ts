@@ -3,7 +3,7 @@
  * {"status":"unavailable"}` with `Retry-After` while its NATS connection is down (a load balancer
  * then sends requests to another gateway). It never waits on NATS itself.
  */
-import { Effect, Option } from "effect"
+import { Context, Effect, Option } from "effect"
 import { Nats } from "../core/Nats.ts"
 import { json } from "./Response.ts"
 import { route } from "./Router.ts"
@@ -15,15 +15,16 @@ const unavailable = json(
   { status: 503, headers: { "retry-after": String(UNREACHABLE_RETRY_AFTER_S) } },
 )
 
+const answer = (nats: Option.Option<Context.Tag.Service<Nats>>) =>
+  Option.isSome(nats) && !nats.value.reachable() ? unavailable : ok
+
 /** The health route group. */
 export const routes = [
   route({
     method: "GET",
     path: "/v1/health",
     storeless: true,
-    handler: () =>
-      Effect.map(Effect.serviceOption(Nats), (nats) =>
-        Option.isSome(nats) && !nats.value.reachable() ? unavailable : ok,
-      ),
+    handler: () => Effect.map(Effect.serviceOption(Nats), answer),
+    now: (_, services) => answer(Context.getOption(services, Nats)),
   }),
 ]

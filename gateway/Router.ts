@@ -7,7 +7,7 @@
  * `/v1/runs/wait` and `/v1/runs/:id` can coexist. A path with no route is `not_found`; a path with
  * routes for other methods only is `method_not_allowed` with the methods it takes (for `Allow`).
  */
-import type { Effect, Schema, Stream } from "effect"
+import type { Context, Effect, Schema, Stream } from "effect"
 import type { ApiError } from "../schema/Errors.ts"
 import type { Request } from "./Request.ts"
 import type { Reply } from "./Response.ts"
@@ -29,6 +29,9 @@ export type InputSchema<A> = Schema.Schema<A, any, never>
 /** The raw query parameters: the first value of each name. */
 export type RawQuery = Readonly<Record<string, string>>
 
+// biome-ignore lint/suspicious/noExplicitAny: erased in `Route`, typed by `route`/`streamRoute`
+type AnyRequest = Request<any, any, any>
+
 /**
  * One route as the server sees it. `handler` may fail with any error: an `ApiError` leaves with
  * its code and status, anything else (and every defect) as `500 internal` with no detail.
@@ -48,6 +51,12 @@ export interface Route<R> {
   readonly storeless?: boolean | undefined
   // biome-ignore lint/suspicious/noExplicitAny: erased here, typed by `route`/`streamRoute`
   readonly handler: (request: Request<any, any, any>) => Effect.Effect<Reply, unknown, R>
+  /**
+   * The same answer as `handler`'s, from memory, when it can be had at once; `undefined` when it
+   * cannot (then `handler` runs). The server writes it inside uWS's callback, with no fiber. Only
+   * for routes without a body or a query schema.
+   */
+  readonly now?: ((request: AnyRequest, services: Context.Context<R>) => Reply | undefined) | undefined
 }
 
 /** A route with a JSON body (or none); `handler` receives typed params, query and body. */
@@ -59,6 +68,8 @@ export const route = <const P extends string, B = undefined, Q = RawQuery, E = A
   readonly query?: InputSchema<Q>
   readonly storeless?: boolean
   readonly handler: (request: Request<Params<P>, B, Q>) => Effect.Effect<Reply, E, R>
+  /** `handler`'s answer from memory when it can be had at once (see `Route.now`). */
+  readonly now?: (request: Request<Params<P>, B, Q>, services: Context.Context<R>) => Reply | undefined
 }): Route<R> => spec as Route<R>
 
 /**

@@ -23,6 +23,7 @@ import { defineSettings, env } from "../core/Config.ts"
 import { Nats } from "../core/Nats.ts"
 import { decodeBody, decodeJsonBody } from "../schema/Decode.ts"
 import { ApiError } from "../schema/Errors.ts"
+import * as AccessLog from "./AccessLog.ts"
 import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
 import { keyOf, RateLimit } from "./RateLimit.ts"
 import { parseQuery, readHeaders, requestIdOf } from "./Request.ts"
@@ -119,6 +120,9 @@ export const make = <R>(
     const storeUp = Option.isSome(nats) ? nats.value.settled : () => true
     // Handler fibers belong to this set: closing the layer interrupts the ones still running.
     const run = yield* FiberSet.makeRuntime<R>()
+    // What `Route.now` answers from, and the access log, both of the runtime the fibers run in.
+    const context = yield* Effect.context<R>()
+    const accessLog = yield* AccessLog.make
     const router = Router.make(routes)
     const compiled = new Map<Router.Route<R>, Compiled>()
     for (const r of routes) {
@@ -172,12 +176,55 @@ export const make = <R>(
       }
 
       const routeName = match._tag === "Found" ? match.route.path : "-"
+      const logAccess = () =>
+        accessLog(ex.requestId, {
+          method,
+          route: routeName,
+          status: ex.aborted && ex.status === 0 ? 499 : ex.status,
+          ms: Math.round((performance.now() - started) * 100) / 100,
+          bytes: ex.bytes,
+          ...(ex.aborted ? { aborted: true as const } : {}),
+        })
+      // Refusals decided above, and answers a route has in memory (`Route.now`), are written here
+      // and now: no fiber, and the connection's next request is read sooner.
+      if (early !== undefined) {
+        if (early._tag !== "Stream") writeWhole(res, ex, early)
+        logAccess()
+        return
+      }
+      if (match._tag !== "Found") return
+      const r = match.route
+      const c = compiled.get(r)!
+      const requestOf = (query: unknown, value: unknown) => ({
+        method,
+        path,
+        route: r.path,
+        params: match.params,
+        query,
+        body: value,
+        headers,
+        requestId: ex.requestId,
+        remoteAddress,
+      })
+
+      let defect: { readonly cause: unknown } | undefined
+      if (r.now !== undefined && body === undefined && c.query === undefined) {
+        let reply: Reply | undefined
+        try {
+          reply = r.now(requestOf(parseQuery(rawQuery), undefined), context)
+        } catch (cause) {
+          defect = { cause }
+        }
+        if (reply !== undefined && reply._tag !== "Stream") {
+          writeWhole(res, ex, reply)
+          logAccess()
+          return
+        }
+      }
       const program: Effect.Effect<Reply, unknown, R> =
-        early !== undefined || match._tag !== "Found"
-          ? Effect.succeed(early!)
+        defect !== undefined
+          ? Effect.die(defect.cause)
           : Effect.gen(function* () {
-              const r = match.route
-              const c = compiled.get(r)!
               const raw = parseQuery(rawQuery)
               const query = c.query ? yield* c.query(raw) : raw
               const value = r.stream
@@ -185,17 +232,7 @@ export const make = <R>(
                 : c.body
                   ? yield* Effect.flatMap(body!.readAll, (bytes) => c.body!(text.decode(bytes)))
                   : undefined
-              return yield* r.handler({
-                method,
-                path,
-                route: r.path,
-                params: match.params,
-                query,
-                body: value,
-                headers,
-                requestId: ex.requestId,
-                remoteAddress,
-              })
+              return yield* r.handler(requestOf(query, value))
             })
 
       // Written from the fiber. A stream failing midway has closed the connection; it is logged.
@@ -215,18 +252,10 @@ export const make = <R>(
         onFailure: (cause) => Effect.flatMap(replyForCause(cause, storeUp), send),
       }).pipe(
         Effect.ensuring(
-          Effect.suspend(() => {
+          Effect.sync(() => {
             // Interrupted without a client abort (shutdown): close rather than leave it hanging.
             if (ex.open) abort(res, ex)
-            // Fields beside the text, not `annotateLogs`: one line per request (`core/Log.ts`).
-            return Effect.logInfo("request", {
-              method,
-              route: routeName,
-              status: ex.aborted && ex.status === 0 ? 499 : ex.status,
-              ms: Math.round((performance.now() - started) * 100) / 100,
-              bytes: ex.bytes,
-              ...(ex.aborted ? { aborted: true } : {}),
-            })
+            logAccess()
           }),
         ),
         Effect.annotateLogs("request_id", ex.requestId),
