@@ -273,6 +273,9 @@ export const guestSshdConfig = (listenAddress: string) =>
     "MaxSessions 1024",
     "MaxStartups 100:30:200",
     "Subsystem sftp internal-sftp",
+    // Every command and shell sees the bases' 1440x900 display (started on first use by the base's
+    // `display-up`); without PAM, sshd reads no /etc/environment.
+    "SetEnv DISPLAY=:99",
     "LogLevel ERROR",
   ].join("\n")}\n`
 
