@@ -76,4 +76,23 @@ layer(layerAll())("KvCache", (it) => {
       expect(yield* cache.get(key)).toEqual(Option.some({ n: 20 }))
     }),
   )
+
+  it.scoped("peek answers only what get would answer from memory, and follows the watch", () =>
+    Effect.gen(function* () {
+      const writer = yield* bucket
+      const cache = yield* KvCache.make(yield* bucket, ">")
+      const key = uniqueName("k")
+      yield* writer.create(key, { n: 1 })
+      // Never read here: only KV knows it.
+      expect(cache.peek(key)).toBeUndefined()
+      expect(yield* cache.get(key)).toEqual(Option.some({ n: 1 }))
+      expect(cache.peek(key)).toEqual(Option.some({ n: 1 }))
+      yield* writer.put(key, { n: 2 })
+      yield* cache.settled(key, (v) => v?.n === 2, 60_000)
+      expect(cache.peek(key)).toEqual(Option.some({ n: 2 }))
+      yield* writer.delete(key)
+      yield* cache.settled(key, (v) => v === undefined, 60_000)
+      expect(cache.peek(key)).toEqual(Option.none())
+    }),
+  )
 })

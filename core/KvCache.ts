@@ -23,6 +23,11 @@ export interface KvCache<A> {
   /** The value at `key` (absent when deleted), from memory while the watch is live, else from KV. */
   readonly get: (key: string) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
   /**
+   * What `get` would answer from memory, synchronously (for a request answered inside a socket
+   * callback); `undefined` when it would have to read KV (not cached, or the watch is not live).
+   */
+  readonly peek: (key: string) => Option.Option<A> | undefined
+  /**
    * Completes once the watch has brought this process a value at `key` that `test` accepts
    * (`undefined`: deleted), at once while the cache is not live, and after `timeoutMs` at the
    * latest: a writer waits for its own change to take effect here before it answers.
@@ -99,6 +104,12 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
         })
       })
 
+    const peek: KvCache<A>["peek"] = (key) => {
+      if (!live) return undefined
+      const hit = cache.get(key)
+      return hit === undefined ? undefined : Option.fromNullable(hit.value)
+    }
+
     const settled: KvCache<A>["settled"] = (key, test, timeoutMs) =>
       Effect.async<void>((resume) => {
         const done = () => {
@@ -129,5 +140,5 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
         return Effect.sync(forget)
       })
 
-    return { get, settled }
+    return { get, peek, settled }
   })

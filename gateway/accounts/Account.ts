@@ -11,11 +11,15 @@ import * as Client from "../../core/actors/AccountClient.ts"
 import { balanceOf as balanceFromState, publicKeyOf } from "../../schema/actors/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
+import { KeyCache } from "../auth/KeyCache.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
 import { apiBalance } from "./Usage.ts"
 
 const isUserId = Schema.is(UserId)
+
+/** How long a removal waits to see itself in this gateway's membership cache. */
+const REMOVE_SETTLE_MS = 2_000
 
 /** The account and membership routes. */
 export const routes = [
@@ -75,6 +79,9 @@ export const routes = [
         if (!isUserId(params.user)) return yield* Effect.fail(ApiError.notFound("member"))
         const accounts = yield* Accounts
         yield* accounts.removeMember(principal.account.id, params.user)
+        // Answered once this gateway's membership cache has it, as a key revocation is (Keys.ts):
+        // the removed person's next request is refused.
+        yield* (yield* KeyCache).memberGone(principal.account.id, params.user, REMOVE_SETTLE_MS)
         return json({ removed: params.user })
       }),
   }),

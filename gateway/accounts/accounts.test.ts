@@ -298,6 +298,63 @@ describe("invites", () => {
   })
 })
 
+describe("person routes answer from the watched caches, and their changes hold at once", () => {
+  it("a member removed through gateway A is refused on their very next request on A and on B", async () => {
+    const made = await run(a.accounts.createAccount("leaving", "stays@example.com"))
+    const stays = {
+      authorization: `Bearer ${await personToken(keyFile, "stays@example.com")}`,
+      "service-account": made.account.id,
+    }
+    await run(a.accounts.invite(made.account, "goes@example.com", "member", made.owner.user))
+    const goesUser = await run(a.accounts.ensureUser("goes@example.com"))
+    await run(a.accounts.acceptInvite(made.account.id, goesUser))
+    const goes = {
+      authorization: `Bearer ${await personToken(keyFile, "goes@example.com")}`,
+      "service-account": made.account.id,
+    }
+    // Both gateways have served the member twice: token, person, account and membership sit in
+    // their caches, and the second request was answered from memory.
+    for (const gw of [a, b, a, b]) expect((await call(gw, "GET", "/v1/members", goes)).status).toBe(200)
+    const removed = await call(a, "DELETE", `/v1/members/${goesUser.user}`, stays)
+    expect(removed).toEqual({ status: 200, body: { removed: goesUser.user } })
+    for (const gw of [a, b])
+      expect(await call(gw, "GET", "/v1/members", goes)).toEqual({
+        status: 403,
+        body: { error: expect.any(String), code: "not_a_member" },
+      })
+    expect((await call(b, "GET", "/v1/members", stays)).status).toBe(200)
+  })
+
+  it("an account suspended in the store refuses writes once the watch brings it, and keeps its reads", async () => {
+    const made = await run(a.accounts.createAccount("freezing", "freezer@example.com"))
+    const person = {
+      authorization: `Bearer ${await personToken(keyFile, "freezer@example.com")}`,
+      "service-account": made.account.id,
+    }
+    const key = await call(a, "POST", "/v1/keys", person, { name: "k", scope: "admin" })
+    const bearer = { authorization: `Bearer ${key.body.token}` }
+    for (let i = 0; i < 2; i++) {
+      expect((await call(a, "GET", "/v1/members", person)).status).toBe(200)
+      expect((await call(a, "GET", "/t/member", bearer)).status).toBe(200)
+    }
+    await run(a.accounts.setState(made.account.id, "suspended"))
+    // Written by the store, not through a route, so no request waits for it: the watch brings it
+    // to the cache as soon as NATS pushes it (under load, a moment later).
+    let write = await call(a, "POST", "/v1/keys", person, { name: "k2", scope: "admin" })
+    for (let i = 0; i < 100 && write.status !== 403; i++) {
+      await new Promise((r) => setTimeout(r, 20))
+      write = await call(a, "POST", "/v1/keys", person, { name: "k2", scope: "admin" })
+    }
+    expect(write).toEqual({ status: 403, body: { error: expect.any(String), code: "suspended" } })
+    expect((await call(a, "GET", "/v1/members", person)).status).toBe(200)
+    expect((await call(a, "GET", "/t/member", bearer)).status).toBe(200)
+    const me = await call(a, "GET", "/v1/me", person)
+    expect(me.body.accounts).toEqual([
+      expect.objectContaining({ account: made.account.id, state: "suspended" }),
+    ])
+  })
+})
+
 describe("an account keeps one owner", () => {
   it("the only owner cannot be removed; with two, one can; the last one cannot again", async () => {
     const made = await run(a.accounts.createAccount("solo", "solo@example.com"))

@@ -8,8 +8,15 @@
  * A bearer value starting with `hgr_` is an account key; anything else is tried as an ID token.
  */
 import { Context, Effect, Layer, Option, Schema } from "effect"
-import { type AccountRecord, Accounts, layer as accountsLayer } from "../../core/Accounts.ts"
+import {
+  type AccountRecord,
+  Accounts,
+  layer as accountsLayer,
+  type KeyRecord,
+  type UserRecord,
+} from "../../core/Accounts.ts"
 import { hashToken, isKeyToken, sameHash, tokenPrefix } from "../../core/KeyTokens.ts"
+import type { Member } from "../../schema/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId } from "../../schema/Ids.ts"
 import {
@@ -20,7 +27,7 @@ import {
   type Principal,
   peopleOnlyForKeys,
 } from "./Access.ts"
-import { IdTokens, layer as idTokensLayer } from "./IdTokens.ts"
+import { type Identity, IdTokens, layer as idTokensLayer } from "./IdTokens.ts"
 import { KeyCache, layer as keyCacheLayer } from "./KeyCache.ts"
 
 /** What the auth step needs beyond the headers. */
@@ -39,6 +46,15 @@ export class Auth extends Context.Tag("gateway/Auth")<
       headers: Readonly<Record<string, string>>,
       options: ResolveOptions,
     ) => Effect.Effect<Principal, ApiError>
+    /**
+     * What `resolve` answers, decided from memory alone (verified tokens, the watched caches), for a
+     * request answered inside uWS's callback; `undefined` when it needs a read or a signature check.
+     */
+    readonly resolveNow: (
+      access: Access,
+      headers: Readonly<Record<string, string>>,
+      options: ResolveOptions,
+    ) => Principal | ApiError | undefined
     /** The person a bearer ID token names, created on first sight; for routes that take an account from the path. */
     readonly person: (headers: Readonly<Record<string, string>>) => Effect.Effect<Person, ApiError>
   }
@@ -61,90 +77,188 @@ const orInternal = <A, E>(fx: Effect.Effect<A, E>): Effect.Effect<A, ApiError> =
       : Effect.zipRight(Effect.logError("auth store read failed", e), Effect.fail(ApiError.internal())),
   )
 
+/** A read the decision needs and memory does not hold; the effectful path makes it and decides again. */
+class Need {
+  constructor(
+    readonly what: "key" | "account" | "identity" | "user" | "member",
+    readonly id: string,
+    readonly other = "",
+  ) {}
+}
+
+/** What the decision reads: each answer, or `undefined` when it is not at hand. */
+interface Known {
+  readonly key: (hash: string) => Option.Option<KeyRecord> | undefined
+  readonly account: (id: string) => Option.Option<AccountRecord> | undefined
+  readonly identity: (token: string) => Identity | undefined
+  /** The person by e-mail; none is a person never seen, whom the effectful path creates. */
+  readonly user: (email: string) => Option.Option<UserRecord> | undefined
+  readonly member: (account: string, user: string) => Option.Option<Member> | undefined
+}
+
+type Decided<A> = A | ApiError | Need
+
+const keyPrincipal = (token: string, known: Known): Decided<AccountKey> => {
+  if (!isKeyToken(token)) return unauthenticated
+  const hash = hashToken(token)
+  const found = known.key(hash)
+  if (found === undefined) return new Need("key", hash)
+  if (Option.isNone(found) || !sameHash(found.value.hash, hash)) return unauthenticated
+  const key = found.value.key
+  if (key.revoked_at !== undefined) return unauthenticated
+  const account = known.account(key.account)
+  if (account === undefined) return new Need("account", key.account)
+  if (Option.isNone(account)) return unauthenticated
+  return { _tag: "AccountKey", key, account: account.value }
+}
+
+const personOf = (token: string, known: Known): Decided<Person> => {
+  const identity = known.identity(token)
+  if (identity === undefined) return new Need("identity", token)
+  // A person seen before is read from memory; the first sight of one writes the record.
+  const user = known.user(identity.email)
+  if (user === undefined || Option.isNone(user)) return new Need("user", identity.email)
+  return { _tag: "Person", user: user.value.user, email: user.value.email }
+}
+
+const personOnly = (headers: Readonly<Record<string, string>>, known: Known): Decided<Person> => {
+  const token = bearerOf(headers)
+  if (token === undefined) return unauthenticated
+  if (token.startsWith(tokenPrefix)) {
+    const principal = keyPrincipal(token, known)
+    return principal instanceof Need || principal instanceof ApiError
+      ? principal
+      : ApiError.peopleOnly(peopleOnlyForKeys)
+  }
+  return personOf(token, known)
+}
+
+const suspendedIn = (account: AccountRecord, options: ResolveOptions) =>
+  account.state === "suspended" && !options.whileSuspended
+
+// The one decision, in the order of the module comment, over whatever `known` holds.
+const decide = (
+  access: Access,
+  headers: Readonly<Record<string, string>>,
+  options: ResolveOptions,
+  known: Known,
+): Decided<Principal> => {
+  if (access === "anyone") return { _tag: "Anyone" }
+  const token = bearerOf(headers)
+  if (token === undefined) return unauthenticated
+
+  if (token.startsWith(tokenPrefix)) {
+    const principal = keyPrincipal(token, known)
+    if (principal instanceof Need || principal instanceof ApiError) return principal
+    if (access === "signed in" || access === "person" || access === "owner")
+      return ApiError.peopleOnly(peopleOnlyForKeys)
+    if (access === "member (admin keys)" && principal.key.scope !== "admin") return ApiError.keyScope()
+    // A key carries its account; naming another one is asking for an account it is not in.
+    const named = headers["service-account"]
+    if (named !== undefined && named !== principal.account.id)
+      return ApiError.notAMember("this key belongs to another account")
+    if (suspendedIn(principal.account, options)) return ApiError.suspended()
+    return principal
+  }
+
+  const who = personOf(token, known)
+  if (who instanceof Need || who instanceof ApiError) return who
+  if (access === "signed in") return who
+  const named = headers["service-account"]
+  if (named === undefined || named === "") return ApiError.accountRequired()
+  if (!isAccountId(named)) return ApiError.notAMember()
+  const account = known.account(named)
+  if (account === undefined) return new Need("account", named)
+  const membership = known.member(named, who.user)
+  if (membership === undefined) return new Need("member", named, who.user)
+  if (Option.isNone(account) || Option.isNone(membership)) return ApiError.notAMember()
+  if (access === "owner" && membership.value.role !== "owner") return ApiError.ownersOnly()
+  if (suspendedIn(account.value, options)) return ApiError.suspended()
+  return {
+    _tag: "AccountPerson",
+    user: who.user,
+    email: who.email,
+    account: account.value,
+    role: membership.value.role,
+  } satisfies AccountPerson
+}
+
 /** Builds the auth step. */
 export const make = Effect.gen(function* () {
   const accounts = yield* Accounts
   const cache = yield* KeyCache
   const idTokens = yield* IdTokens
 
-  const keyPrincipal = (token: string): Effect.Effect<AccountKey, ApiError> =>
-    Effect.gen(function* () {
-      if (!isKeyToken(token)) return yield* Effect.fail(unauthenticated)
-      const hash = hashToken(token)
-      const found = yield* orInternal(cache.lookup(hash))
-      if (Option.isNone(found) || !sameHash(found.value.hash, hash))
-        return yield* Effect.fail(unauthenticated)
-      const key = found.value.key
-      if (key.revoked_at !== undefined) return yield* Effect.fail(unauthenticated)
-      const account = yield* orInternal(cache.account(key.account))
-      if (Option.isNone(account)) return yield* Effect.fail(unauthenticated)
-      return { _tag: "AccountKey", key, account: account.value } as const
-    })
-
-  const personOf = (token: string): Effect.Effect<Person, ApiError> =>
-    Effect.gen(function* () {
-      const identity = yield* idTokens.verify(token)
-      // A person seen before is read from memory; the first sight of one writes the record.
-      const known = yield* orInternal(cache.user(identity.email.toLowerCase()))
-      const user = Option.isSome(known) ? known.value : yield* orInternal(accounts.ensureUser(identity.email))
-      return { _tag: "Person", user: user.user, email: user.email } as const
-    })
-
-  const person: Context.Tag.Service<Auth>["person"] = (headers) => {
-    const token = bearerOf(headers)
-    if (token === undefined) return Effect.fail(unauthenticated)
-    if (token.startsWith(tokenPrefix))
-      return Effect.zipRight(keyPrincipal(token), Effect.fail(ApiError.peopleOnly(peopleOnlyForKeys)))
-    return personOf(token)
+  const inMemory: Known = {
+    key: cache.now.lookup,
+    account: cache.now.account,
+    identity: idTokens.known,
+    user: cache.now.user,
+    member: cache.now.member,
   }
 
-  const checkState = (account: AccountRecord, options: ResolveOptions) =>
-    account.state === "suspended" && !options.whileSuspended ? Effect.fail(ApiError.suspended()) : Effect.void
+  const read = (need: Need): Effect.Effect<unknown, ApiError> => {
+    switch (need.what) {
+      case "key":
+        return orInternal(cache.lookup(need.id))
+      case "account":
+        return orInternal(cache.account(need.id))
+      case "identity":
+        return idTokens.verify(need.id)
+      case "user":
+        return Effect.flatMap(orInternal(cache.user(need.id)), (known) =>
+          Option.isSome(known)
+            ? Effect.succeed(known)
+            : Effect.map(orInternal(accounts.ensureUser(need.id)), Option.some),
+        )
+      case "member":
+        return orInternal(cache.member(need.id, need.other))
+    }
+  }
 
-  const resolve: Context.Tag.Service<Auth>["resolve"] = (access, headers, options) =>
-    Effect.gen(function* () {
-      if (access === "anyone") return { _tag: "Anyone" } as const
-      const token = bearerOf(headers)
-      if (token === undefined) return yield* Effect.fail(unauthenticated)
-
-      if (token.startsWith(tokenPrefix)) {
-        const principal = yield* keyPrincipal(token)
-        if (access === "signed in" || access === "person" || access === "owner")
-          return yield* Effect.fail(ApiError.peopleOnly(peopleOnlyForKeys))
-        if (access === "member (admin keys)" && principal.key.scope !== "admin")
-          return yield* Effect.fail(ApiError.keyScope())
-        // A key carries its account; naming another one is asking for an account it is not in.
-        const named = headers["service-account"]
-        if (named !== undefined && named !== principal.account.id)
-          return yield* Effect.fail(ApiError.notAMember("this key belongs to another account"))
-        yield* checkState(principal.account, options)
-        return principal
+  // Decides from memory; each read memory lacks is made (KV, a signature check, a first sight's
+  // write) and kept for this request, and the decision is taken again, until it is made.
+  const settle = <A>(decideWith: (known: Known) => Decided<A>): Effect.Effect<A, ApiError> =>
+    Effect.suspend(() => {
+      const got = new Map<string, unknown>()
+      const keyOf = (what: Need["what"], id: string, other = "") => `${what}\0${id}\0${other}`
+      const lookup =
+        <T>(what: Need["what"], memory: (id: string, other: string) => T | undefined) =>
+        (id: string, other = ""): T | undefined => {
+          const k = keyOf(what, id, other)
+          return got.has(k) ? (got.get(k) as T) : memory(id, other)
+        }
+      const known: Known = {
+        key: lookup("key", inMemory.key),
+        account: lookup("account", inMemory.account),
+        identity: lookup("identity", inMemory.identity),
+        user: lookup("user", inMemory.user),
+        member: lookup("member", inMemory.member),
       }
-
-      const who = yield* personOf(token)
-      if (access === "signed in") return who
-      const named = headers["service-account"]
-      if (named === undefined || named === "") return yield* Effect.fail(ApiError.accountRequired())
-      if (!isAccountId(named)) return yield* Effect.fail(ApiError.notAMember())
-      const [account, membership] = yield* orInternal(
-        Effect.all([cache.account(named), cache.member(named, who.user)], { concurrency: 2 }),
-      )
-      if (Option.isNone(account) || Option.isNone(membership))
-        return yield* Effect.fail(ApiError.notAMember())
-      if (access === "owner" && membership.value.role !== "owner")
-        return yield* Effect.fail(ApiError.ownersOnly())
-      yield* checkState(account.value, options)
-      const principal: AccountPerson = {
-        _tag: "AccountPerson",
-        user: who.user,
-        email: who.email,
-        account: account.value,
-        role: membership.value.role,
+      const step = (): Effect.Effect<A, ApiError> => {
+        const decided = decideWith(known)
+        if (decided instanceof ApiError) return Effect.fail(decided)
+        if (!(decided instanceof Need)) return Effect.succeed(decided)
+        return Effect.flatMap(read(decided), (value) => {
+          got.set(keyOf(decided.what, decided.id, decided.other), value)
+          return step()
+        })
       }
-      return principal
+      return step()
     })
 
-  return { resolve, person }
+  const resolve: Context.Tag.Service<Auth>["resolve"] = (access, headers, options) =>
+    settle((known) => decide(access, headers, options, known))
+
+  const resolveNow: Context.Tag.Service<Auth>["resolveNow"] = (access, headers, options) => {
+    const decided = decide(access, headers, options, inMemory)
+    return decided instanceof Need ? undefined : decided
+  }
+
+  const person: Context.Tag.Service<Auth>["person"] = (headers) =>
+    settle((known) => personOnly(headers, known))
+
+  return { resolve, resolveNow, person }
 })
 
 /** The auth step as a layer. */

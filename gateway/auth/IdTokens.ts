@@ -23,7 +23,11 @@ export interface Identity {
 /** The ID token verifier. */
 export class IdTokens extends Context.Tag("gateway/IdTokens")<
   IdTokens,
-  { readonly verify: (token: string) => Effect.Effect<Identity, ApiError> }
+  {
+    readonly verify: (token: string) => Effect.Effect<Identity, ApiError>
+    /** The identity of a token verified before and not expired, from memory; else `undefined`. */
+    readonly known: (token: string) => Identity | undefined
+  }
 >() {}
 
 const isEmail = Schema.is(Email)
@@ -86,12 +90,18 @@ export const make = Effect.gen(function* () {
     verified.set(token, { identity, expMs })
   }
 
+  const known = (token: string): Identity | undefined => {
+    const hit = verified.get(token)
+    if (hit === undefined) return undefined
+    if (Date.now() < hit.expMs) return hit.identity
+    verified.delete(token)
+    return undefined
+  }
+
   const verify = (token: string): Effect.Effect<Identity, ApiError> =>
     Effect.suspend(() => {
-      const hit = verified.get(token)
-      if (hit !== undefined && Date.now() < hit.expMs) return Effect.succeed(hit.identity)
-      if (hit !== undefined) verified.delete(token)
-      return verifyNow(token)
+      const hit = known(token)
+      return hit !== undefined ? Effect.succeed(hit) : verifyNow(token)
     })
 
   const verifyNow = (token: string): Effect.Effect<Identity, ApiError> =>
@@ -119,7 +129,7 @@ export const make = Effect.gen(function* () {
       ),
     )
 
-  return { verify }
+  return { verify, known }
 })
 
 /** The verifier as a layer. */

@@ -12,6 +12,8 @@ import type { NatsError } from "../../core/Nats.ts"
 import type { Member } from "../../schema/Account.ts"
 
 type Read<A> = Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
+/** What a read answers from memory; `undefined` when it would have to ask KV. */
+type Known<A> = Option.Option<A> | undefined
 
 /** Cached reads for the auth step. */
 export class KeyCache extends Context.Tag("gateway/KeyCache")<
@@ -25,8 +27,17 @@ export class KeyCache extends Context.Tag("gateway/KeyCache")<
     readonly user: (email: string) => Read<UserRecord>
     /** The membership of `user` in `account`, or none. */
     readonly member: (account: string, user: string) => Read<Member>
+    /** The same reads from memory only, synchronously (`undefined`: not known without KV). */
+    readonly now: {
+      readonly lookup: (hash: string) => Known<KeyRecord>
+      readonly account: (id: string) => Known<AccountRecord>
+      readonly user: (email: string) => Known<UserRecord>
+      readonly member: (account: string, user: string) => Known<Member>
+    }
     /** Completes once this gateway sees the key stored under `hash` revoked (at most `timeoutMs`). */
     readonly revoked: (hash: string, timeoutMs: number) => Effect.Effect<void>
+    /** Completes once this gateway sees `user` gone from `account` (at most `timeoutMs`). */
+    readonly memberGone: (account: string, user: string, timeoutMs: number) => Effect.Effect<void>
   }
 >() {}
 
@@ -47,8 +58,16 @@ export const make = Effect.gen(function* () {
     account: (id) => accounts.get(id),
     user: (email) => users.get(keysOf.user(email)),
     member: (account, user) => members.get(keysOf.member(account, user)),
+    now: {
+      lookup: (hash) => keys.peek(keysOf.keyHash(hash)),
+      account: (id) => accounts.peek(id),
+      user: (email) => users.peek(keysOf.user(email)),
+      member: (account, user) => members.peek(keysOf.member(account, user)),
+    },
     revoked: (hash, timeoutMs) =>
       keys.settled(keysOf.keyHash(hash), (k) => k === undefined || k.key.revoked_at !== undefined, timeoutMs),
+    memberGone: (account, user, timeoutMs) =>
+      members.settled(keysOf.member(account, user), (m) => m === undefined, timeoutMs),
   } satisfies Context.Tag.Service<KeyCache>
 })
 

@@ -6,14 +6,14 @@
  * before its body is judged (only the framing checks of the server — content type, size, JSON
  * syntax — come earlier, because they happen while the body is read).
  */
-import { Effect, Schema } from "effect"
+import { Context, Effect, Schema } from "effect"
 import type { Nats } from "../../core/Nats.ts"
 import type { Storage } from "../../core/Storage.ts"
 import { decodeBody } from "../../schema/Decode.ts"
-import type { ApiError } from "../../schema/Errors.ts"
+import { ApiError } from "../../schema/Errors.ts"
 import * as Idempotency from "../Idempotency.ts"
 import type { Request } from "../Request.ts"
-import type { Reply } from "../Response.ts"
+import { error as errorReply, type Reply } from "../Response.ts"
 import { type InputSchema, type Method, type Params, type RawQuery, type Route, route } from "../Router.ts"
 import type { Access, PrincipalFor } from "./Access.ts"
 import { Auth } from "./Auth.ts"
@@ -47,6 +47,11 @@ export const authRoute = <
   readonly body?: InputSchema<B>
   readonly bodyLimit?: number
   readonly handler: (request: AuthedRequest<Params<P>, B, A>) => Effect.Effect<Reply, E, R>
+  /**
+   * `handler`'s answer from memory when it can be had at once (`undefined`: it cannot), for routes
+   * without a body; the server then answers inside uWS's callback (see `Route.now`).
+   */
+  readonly now?: (request: AuthedRequest<Params<P>, undefined, A>) => Reply | undefined
 }): AuthRoute<R> => {
   const whileSuspended = spec.whileSuspended ?? spec.method === "GET"
   const decode = spec.body ? decodeBody(spec.body) : undefined
@@ -82,5 +87,17 @@ export const authRoute = <
         })
       }),
   })
-  return { ...base, access: spec.access, whileSuspended }
+  const options = { whileSuspended }
+  const handlerNow = spec.now
+  // The auth step decided from memory: its refusal, or the handler's answer from memory. A `POST`
+  // with an `Idempotency-Key` reads and writes KV, so it always takes the handler's path.
+  const now: Route<Auth>["now"] = (request, services) => {
+    if (spec.body !== undefined) return undefined
+    if (request.method === "POST" && request.headers[Idempotency.HEADER] !== undefined) return undefined
+    const principal = Context.get(services, Auth).resolveNow(spec.access, request.headers, options)
+    if (principal === undefined) return undefined
+    if (principal instanceof ApiError) return errorReply(principal)
+    return handlerNow?.({ ...request, body: undefined, principal: principal as PrincipalFor<A> })
+  }
+  return { ...base, now, access: spec.access, whileSuspended } as AuthRoute<R>
 }

@@ -22,6 +22,7 @@ export const routes = [
       path: "/v1/tools",
       access: "member",
       handler: () => Effect.succeed(listing),
+      now: () => listing,
     }),
     {
       summary: "The tools shown to the model, for callers' own agent loops.",
