@@ -19,6 +19,9 @@ export default defineConfig({
       HANGAR_MACHINE_UPLINKS: "none",
       HANGAR_MACHINE_MASQUERADE: "false",
       HANGAR_MACHINE_DISK_OVERCOMMIT: "16",
+      // Host agents in tests offer the slim test base (quick to build, no display); the full
+      // bases are offered only where a test asks for them.
+      HANGAR_BASES: "debian-bookworm-slim",
     },
   },
 })

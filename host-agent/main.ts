@@ -5,6 +5,9 @@
  * run's machine (`runs/`); on shutdown every machine is ended (its run failed `infrastructure`)
  * before the record is removed.
  *
+ * The host offers the bases of its recipes (`HANGAR_BASES`) and builds the missing ones in the
+ * background at start (`bases/Builder.ts`).
+ *
  * The machine driver is the host's decision (`HANGAR_MACHINE_DRIVER`, `namespace` by default, see
  * `HostSettings`). Sealed objects and environment secrets are opened with the account data keys,
  * wrapped by the same master key and kept in the same `secrets` bucket as the gateway's; download
@@ -25,6 +28,7 @@ import type { Storage } from "../core/Storage.ts"
 import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as WrappedKeyStore from "../core/WrappedKeyStore.ts"
 import { BasesSettings } from "./bases/Bases.ts"
+import * as Builder from "./bases/Builder.ts"
 import * as NamespaceDriver from "./machines/namespace/NamespaceDriver.ts"
 import * as QemuDriver from "./machines/qemu/QemuDriver.ts"
 import { PolicySettings } from "./network/Policy.ts"
@@ -73,6 +77,8 @@ const runServices = Layer.mergeAll(
  */
 export const layer: Layer.Layer<never, never, Nats | Storage> = Layer.discard(HostActor.layer).pipe(
   Layer.provideMerge(Layer.discard(Registration.layer)),
+  // Missing bases are built in the background; the host registers and runs meanwhile.
+  Layer.provideMerge(Builder.layer),
   Layer.provide(Layer.mergeAll(Capacity.layer, driver, runServices)),
   Layer.provide(Layer.mergeAll(host, HostSettings.layerFromEnv, BasesSettings.layerFromEnv)),
   Layer.orDie,

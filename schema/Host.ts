@@ -9,7 +9,7 @@
 import { Schema } from "effect"
 import { type BaseInfo, BaseInfo as BaseInfoSchema } from "./Base.ts"
 import { Count, Enum, IntAtLeast, Timestamp } from "./Common.ts"
-import { RunId } from "./Ids.ts"
+import { BaseName, RunId } from "./Ids.ts"
 
 /** A host older than this since its last heartbeat counts as gone. */
 export const hostStaleMs = 15_000
@@ -57,6 +57,8 @@ export const HostRecord = Schema.Struct({
   /** The memory budget of all machines together. */
   memory_mib: Count,
   bases: Schema.Array(BaseInfoSchema),
+  /** Bases the host is building now (their names are chosen when the build starts). */
+  building: Schema.optional(Schema.Array(BaseName)),
   started_at: Timestamp,
   heartbeat_at: Timestamp,
   machines: Schema.Array(HostMachine),
@@ -80,10 +82,23 @@ export const listBases = (hosts: ReadonlyArray<HostRecord>): ReadonlyArray<BaseI
   const byName = new Map<string, BaseInfo>()
   for (const host of hosts)
     for (const base of host.bases) if (!byName.has(base.name)) byName.set(base.name, base)
-  return [...byName.values()].sort((a, b) => {
-    const da = dateOf(a.name)
-    const db = dateOf(b.name)
-    if (da !== db) return da < db ? 1 : -1
-    return a.name < b.name ? -1 : a.name > b.name ? 1 : 0
-  })
+  return [...byName.values()].sort((a, b) => newestFirst(a.name, b.name))
+}
+
+/** Orders base names as `listBases` orders its items. */
+export const newestFirst = (a: string, b: string): number => {
+  const da = dateOf(a)
+  const db = dateOf(b)
+  if (da !== db) return da < db ? 1 : -1
+  return a < b ? -1 : a > b ? 1 : 0
+}
+
+/**
+ * The bases some of `hosts` (pass only live ones) are building and none has finished, newest
+ * first: a function may name one, and its runs wait in the queue until a host has it.
+ */
+export const buildingBases = (hosts: ReadonlyArray<HostRecord>): ReadonlyArray<BaseName> => {
+  const finished = new Set(hosts.flatMap((h) => h.bases.map((b) => b.name)))
+  const names = new Set(hosts.flatMap((h) => h.building ?? []).filter((n) => !finished.has(n)))
+  return [...names].sort(newestFirst)
 }

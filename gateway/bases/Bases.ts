@@ -11,7 +11,8 @@ import { Storage } from "../../core/Storage.ts"
 import type { BaseInfo } from "../../schema/Base.ts"
 import { BaseList } from "../../schema/Base.ts"
 import { ApiError } from "../../schema/Errors.ts"
-import { HostRecord, isLive, listBases } from "../../schema/Host.ts"
+import { buildingBases, HostRecord, isLive, listBases } from "../../schema/Host.ts"
+import type { BaseName } from "../../schema/Ids.ts"
 import { authRoute } from "../auth/Route.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
@@ -22,6 +23,8 @@ export class BaseListing extends Context.Tag("gateway/BaseListing")<
   {
     /** The bases of the live hosts, newest first. */
     readonly list: Effect.Effect<ReadonlyArray<BaseInfo>, ApiError>
+    /** The bases live hosts are building and none has yet, newest first (not in `list`). */
+    readonly building: Effect.Effect<ReadonlyArray<BaseName>, ApiError>
   }
 >() {}
 
@@ -30,7 +33,7 @@ export const make: Effect.Effect<Context.Tag.Service<BaseListing>, NatsError, Na
   function* () {
     const { names } = yield* Storage
     const hosts = yield* Kv.make(names.kv.hosts.name, HostRecord)
-    const list = Effect.gen(function* () {
+    const live = Effect.gen(function* () {
       const keys = yield* hosts.keys()
       const records = yield* Effect.forEach(
         keys,
@@ -50,15 +53,13 @@ export const make: Effect.Effect<Context.Tag.Service<BaseListing>, NatsError, Na
         { concurrency: 16 },
       )
       const now = yield* Clock.currentTimeMillis
-      return listBases(
-        records.flatMap((o) => (Option.isSome(o) && isLive(o.value.value, now) ? [o.value.value] : [])),
-      )
+      return records.flatMap((o) => (Option.isSome(o) && isLive(o.value.value, now) ? [o.value.value] : []))
     }).pipe(
       Effect.catchTag("NatsError", (e) =>
         Effect.zipRight(Effect.logError("bases listing failed", e), Effect.fail(ApiError.internal())),
       ),
     )
-    return { list }
+    return { list: Effect.map(live, listBases), building: Effect.map(live, buildingBases) }
   },
 )
 

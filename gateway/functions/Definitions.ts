@@ -15,6 +15,7 @@ import { Providers } from "../../core/Providers.ts"
 import { Secrets } from "../../core/Secrets.ts"
 import type { CustomTool, Definition, DefinitionInput, EnvVar } from "../../schema/Definition.ts"
 import { ApiError } from "../../schema/Errors.ts"
+import { newestFirst } from "../../schema/Host.ts"
 import type { SecretId } from "../../schema/Ids.ts"
 import { BaseListing } from "../bases/Bases.ts"
 
@@ -55,14 +56,16 @@ export const resolveDefinition = (account: AccountRecord, input: DefinitionInput
         ),
       )
 
-    const known = yield* bases.list
+    // A base a live host is still building counts too: the function's runs wait in the queue
+    // until it is built (the first start of a host builds its bases in the background).
+    const known = [...(yield* bases.list).map((b) => b.name), ...(yield* bases.building)].sort(newestFirst)
     let base = input.base
     if (base === undefined) {
       const newest = known[0]
       if (newest === undefined)
         return yield* Effect.fail(invalid("base", "is required: no base is available yet"))
-      base = newest.name
-    } else if (!known.some((b) => b.name === base)) {
+      base = newest
+    } else if (!known.includes(base)) {
       return yield* Effect.fail(invalid("base", "is not one of the bases of GET /v1/bases"))
     }
 

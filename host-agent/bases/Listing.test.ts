@@ -4,7 +4,7 @@ import { join } from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Schema } from "effect"
 import { BaseInfo } from "../../schema/Base.ts"
-import { type HostRecord, HostRecord as HostRecordSchema } from "../../schema/Host.ts"
+import { buildingBases, type HostRecord, HostRecord as HostRecordSchema } from "../../schema/Host.ts"
 import { type Recipe, recipeHash, slimRecipePath } from "./Bases.ts"
 import * as Listing from "./Listing.ts"
 
@@ -40,18 +40,59 @@ const putBase = (dir: string, folder: string, meta: object) =>
 
 describe("bases listing", () => {
   it.scoped(
-    "onDisk lists finished bases as {name, sha256, bytes}; invalid or unfinished ones are left out",
+    "onDisk lists finished bases of the host's recipes as {name, sha256, bytes}; invalid, unfinished or other ones are left out",
     () =>
       Effect.gen(function* () {
         const dir = yield* tempDir
         const good = { name: "debian-bookworm-20260101-0123456789ab", sha256: sha("b"), bytes: 42 }
-        yield* putBase(dir, good.name, good)
-        yield* putBase(dir, "hand-made", { name: "hand-made", sha256: sha("c"), bytes: 1 })
+        yield* putBase(dir, good.name, { ...good, recipe: "full" })
+        yield* putBase(dir, "debian-bookworm-20260101-aaaaaaaaaaaa", {
+          name: "debian-bookworm-20260101-aaaaaaaaaaaa",
+          sha256: sha("d"),
+          bytes: 1,
+          recipe: "slim",
+        })
+        yield* putBase(dir, "hand-made", { name: "hand-made", sha256: sha("c"), bytes: 1, recipe: "full" })
         yield* Effect.promise(() => mkdir(join(dir, "debian-trixie-20260101-0123456789ab"))) // no base.json yet
         yield* Effect.promise(() => mkdir(join(dir, ".build-x")))
-        expect(yield* Listing.onDisk(dir)).toEqual([good])
-        expect(yield* Listing.onDisk(join(dir, "missing"))).toEqual([])
+        expect(yield* Listing.onDisk(dir, ["full"])).toEqual([good])
+        expect(yield* Listing.onDisk(join(dir, "missing"), ["full"])).toEqual([])
+        // A base built before the recipe was recorded counts by the current recipe's name and hash.
+        const slim = yield* Effect.promise(
+          async () => JSON.parse(await readFile(slimRecipePath, "utf8")) as Recipe,
+        )
+        const old = { name: `debian-bookworm-20250101-${recipeHash(slim)}`, sha256: sha("e"), bytes: 7 }
+        yield* putBase(dir, old.name, old)
+        expect(yield* Listing.onDisk(dir, ["debian-bookworm-slim"])).toEqual([old])
+        expect(yield* Listing.onDisk(dir, ["full"])).toEqual([good])
       }),
+  )
+
+  it.scoped("buildingIn names the live builds of the host's recipes; a dead builder's lock is not one", () =>
+    Effect.gen(function* () {
+      const dir = yield* tempDir
+      const lock = (hash: string, owner: object) =>
+        Effect.promise(async () => {
+          await mkdir(join(dir, `.lock-${hash}`))
+          await writeFile(join(dir, `.lock-${hash}`, "owner.json"), JSON.stringify(owner))
+        })
+      const live = "debian-trixie-20260101-0123456789ab"
+      yield* lock("0123456789ab", { name: live, recipe: "full", pid: process.pid, started: 0 })
+      yield* lock("aaaaaaaaaaaa", {
+        name: "debian-bookworm-20260101-aaaaaaaaaaaa",
+        recipe: "slim",
+        pid: process.pid,
+        started: 0,
+      })
+      // pid_max is at most 2^22: no process has this id.
+      yield* lock("bbbbbbbbbbbb", {
+        name: "debian-bookworm-20260101-bbbbbbbbbbbb",
+        recipe: "full",
+        pid: 2 ** 23,
+        started: 0,
+      })
+      expect(yield* Listing.buildingIn(dir, ["full"])).toEqual([live])
+    }),
   )
 
   it("listBases: the union over hosts, one item per name, newest date first, then by name", () => {
@@ -67,6 +108,18 @@ describe("bases listing", () => {
     expect(listed.map((b) => b.name)).toEqual([newest.name, newerB.name, newerT.name, older.name])
     expect(listed[0]).toEqual({ name: newest.name, sha256: newest.sha256, bytes: newest.bytes })
     expect(Listing.listBases([])).toEqual([])
+  })
+
+  it("buildingBases: what live hosts build and none has finished, newest first", () => {
+    const done = base("debian-trixie-20260301-cccccccccccc")
+    const withBuilds = (id: string, bases: ReadonlyArray<BaseInfo>, building: ReadonlyArray<string>) =>
+      Schema.decodeSync(HostRecordSchema)({ ...host(id, bases), building })
+    const listed = buildingBases([
+      withBuilds("h1", [], ["debian-bookworm-20260301-aaaaaaaaaaaa", done.name]),
+      withBuilds("h2", [done], ["debian-trixie-20260402-dddddddddddd"]),
+      host("h3", []),
+    ])
+    expect(listed).toEqual(["debian-trixie-20260402-dddddddddddd", "debian-bookworm-20260301-aaaaaaaaaaaa"])
   })
 })
 

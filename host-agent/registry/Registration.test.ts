@@ -14,13 +14,27 @@ import * as Registration from "./Registration.ts"
 
 const GiB = 1024
 const base = { name: "debian-bookworm-20260101-0123456789ab", sha256: "b".repeat(64), bytes: 4242 }
+const recipe = "test-full"
+// A base of a recipe the host does not offer, and one of its recipes being built by this process.
+const other = { name: "debian-bookworm-20260101-aaaaaaaaaaaa", sha256: "c".repeat(64), bytes: 1 }
+const building = "debian-trixie-20260101-bbbbbbbbbbbb"
 
-/** A bases folder holding one finished base, removed with the scope. */
+/** A bases folder holding finished bases and a build under way, removed with the scope. */
 const basesDir = Effect.acquireRelease(
   Effect.promise(async () => {
     const dir = await mkdtemp(join(tmpdir(), "hangar-reg-bases-"))
-    await mkdir(join(dir, base.name, "rootfs"), { recursive: true })
-    await writeFile(join(dir, base.name, "base.json"), JSON.stringify(base))
+    for (const [b, r] of [
+      [base, recipe],
+      [other, "test-slim"],
+    ] as const) {
+      await mkdir(join(dir, b.name, "rootfs"), { recursive: true })
+      await writeFile(join(dir, b.name, "base.json"), JSON.stringify({ ...b, recipe: r }))
+    }
+    await mkdir(join(dir, ".lock-bbbbbbbbbbbb"))
+    await writeFile(
+      join(dir, ".lock-bbbbbbbbbbbb", "owner.json"),
+      JSON.stringify({ name: building, recipe, pid: process.pid, started: 0 }),
+    )
     return dir
   }),
   (dir) => Effect.promise(() => rm(dir, { recursive: true, force: true })),
@@ -33,7 +47,7 @@ const hostLayer = (dir: string, id: HostId) => {
     Capacity.layer.pipe(Layer.provide(host)),
     host,
     HostSettings.layer({ heartbeatMs: 3000 }),
-    BasesSettings.layer({ dir }),
+    BasesSettings.layer({ dir, recipes: [recipe] }),
   )
 }
 
@@ -73,29 +87,32 @@ const beatTo = (id: string, ms: number) =>
   })
 
 layer(layerAll())("Registration", (it) => {
-  it.scoped("start writes the host record: driver, budget, bases on disk, nothing held, all free", () =>
-    Effect.gen(function* () {
-      const dir = yield* basesDir
-      const { reg, scope, t0 } = yield* register(dir)
-      // The TestClock is shared by the tests of this file: times are relative to the start.
-      expect(t0).toBe(yield* Clock.currentTimeMillis)
-      const kv = yield* Registration.hostsKv
-      const stored = Option.getOrThrow(yield* kv.get(reg.id)).value
-      expect(stored).toEqual({
-        id: reg.id,
-        driver: "namespace",
-        vcpus: 6,
-        memory_mib: 12 * GiB,
-        bases: [base],
-        started_at: timestamp(t0),
-        heartbeat_at: timestamp(t0),
-        machines: [],
-        free_vcpus: 6,
-        free_memory_mib: 12 * GiB,
-      })
-      expect(yield* reg.record).toEqual(stored)
-      yield* Scope.close(scope, Exit.void)
-    }),
+  it.scoped(
+    "start writes the host record: driver, budget, its recipes' bases on disk and building, nothing held, all free",
+    () =>
+      Effect.gen(function* () {
+        const dir = yield* basesDir
+        const { reg, scope, t0 } = yield* register(dir)
+        // The TestClock is shared by the tests of this file: times are relative to the start.
+        expect(t0).toBe(yield* Clock.currentTimeMillis)
+        const kv = yield* Registration.hostsKv
+        const stored = Option.getOrThrow(yield* kv.get(reg.id)).value
+        expect(stored).toEqual({
+          id: reg.id,
+          driver: "namespace",
+          vcpus: 6,
+          memory_mib: 12 * GiB,
+          bases: [base],
+          building: [building],
+          started_at: timestamp(t0),
+          heartbeat_at: timestamp(t0),
+          machines: [],
+          free_vcpus: 6,
+          free_memory_mib: 12 * GiB,
+        })
+        expect(yield* reg.record).toEqual(stored)
+        yield* Scope.close(scope, Exit.void)
+      }),
   )
 
   it.scoped("the heartbeat advances heartbeat_at every 3 s and keeps started_at", () =>

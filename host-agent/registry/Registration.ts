@@ -102,7 +102,7 @@ export const make: Effect.Effect<
 > = Effect.gen(function* () {
   const host = yield* Host
   const settings = yield* HostSettings.Tag
-  const basesDir = (yield* BasesSettings.Tag).dir
+  const { dir: basesDir, recipes } = yield* BasesSettings.Tag
   const capacity = yield* Capacity
   const kv = yield* hostsKv
   const startedAt = timestamp(yield* Clock.currentTimeMillis)
@@ -118,7 +118,8 @@ export const make: Effect.Effect<
         driver: host.driver,
         vcpus: host.vcpus,
         memory_mib: host.memoryMib,
-        bases: yield* Listing.onDisk(basesDir),
+        bases: yield* Listing.onDisk(basesDir, recipes),
+        building: yield* Listing.buildingIn(basesDir, recipes),
         started_at: startedAt,
         heartbeat_at: timestamp(yield* Clock.currentTimeMillis),
         machines: state.machines,

@@ -4,7 +4,9 @@
  * subject `mb.host.<partition>.<host id>` (the partition as every sender computes it) through one
  * durable consumer named after the host, one message at a time, in order.
  *
- *   Place          reads the run (KV `runs`); a run that is missing or ended is dropped. Room is
+ *   Place          reads the run (KV `runs`); a run that is missing or ended is dropped. A run
+ *                  whose base this host is still building → scheduler `Refused` (it waits in the
+ *                  queue and is offered again). Room is
  *                  reserved (`Capacity`, under the run's id): none → scheduler `Refused`; else run
  *                  `Started{host, at}` and scheduler `Placed`, then the run's machine starts in its
  *                  own fibers (`RunMachine`). A run already running that this process does not
@@ -45,6 +47,8 @@ import { timestamp } from "../../schema/Common.ts"
 import type { RunId } from "../../schema/Ids.ts"
 import { endedRunStates, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
+import * as Bases from "../bases/Bases.ts"
+import { BasesSettings } from "../bases/Bases.ts"
 import { MachineDriver } from "../machines/MachineDriver.ts"
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
@@ -87,6 +91,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
     const stream = names.streams.MAILBOX.name
     const name = consumerName(host.id)
     const driver = yield* MachineDriver
+    const basesDir = (yield* BasesSettings.Tag).dir
 
     // A placement of this life that will not finish (its run ended or went elsewhere, or this
     // agent stops): its room goes back and its claimed folder goes.
@@ -240,6 +245,19 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           )
           yield* capacity.release(run.id)
           return yield* freed(run.id)
+        }
+        // The run's base is still being built here (the host's first start): the run goes back
+        // to the queue and is offered again at the scheduler's next tick, until the base is done.
+        if (!ours && (yield* Bases.building(basesDir)).some((b) => b.name === run.base)) {
+          yield* Effect.logDebug("placement refused: its base is still building").pipe(
+            Effect.annotateLogs({ base: run.base }),
+          )
+          return yield* Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Refused", run: run.id, host: host.id },
+            { msgId: `${run.id}:refused:${seq}` },
+          )
         }
         const reserved = ours
           ? Either.right(undefined)
