@@ -5,12 +5,15 @@
  * (p50/p99) beside a local `bash -c true`, a compile-heavy workload (byte-compiling part of Python's
  * standard library, CPU and many small writes), and a full host: 14 `s` machines (the default
  * 14-vCPU budget) created at once, each running `bash true`. Goals: ready p50 < 300 ms, exec p50 < 5 ms.
+ * Then machine start by base (crun): the full bases (browser and display, built on first use)
+ * beside the slim test base, and the first `screenshot` in each full machine, which starts its
+ * display (lazily, so a run that never looks at the screen never pays for it).
  *
  *   node --import tsx bench/machines.ts [machines=10] [execs=200] [together=14]
  */
 import { spawnSync } from "node:child_process"
 import { Effect } from "effect"
-import { ensureTestBase } from "../host-agent/bases/Bases.ts"
+import { type Base, ensureFullBases, ensureTestBase } from "../host-agent/bases/Bases.ts"
 import { connect } from "../host-agent/guest/GuestSession.ts"
 import { type MachineDriverService, scopedOn } from "../host-agent/machines/MachineDriver.ts"
 import { make } from "../host-agent/machines/namespace/NamespaceDriver.ts"
@@ -92,6 +95,40 @@ const measure = (label: string, driver: MachineDriverService) =>
     return { label, ready, rtt, compile, each, wall }
   })
 
+// Create → SSH ready → first `bash true` on each base, one machine after another; on a full base,
+// also the first `screenshot` (Xvfb, window manager and background started on demand).
+const byBase = (driver: MachineDriverService, slim: Base, full: ReadonlyArray<Base>) =>
+  Effect.forEach([slim, ...full], (base) =>
+    Effect.gen(function* () {
+      const keys = newKeys()
+      const ready: Array<number> = []
+      const shot: Array<number> = []
+      for (let i = 0; i < machines; i++) {
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const t0 = performance.now()
+            const machine = yield* scopedOn(driver, {
+              id: testId(`base${i}`),
+              size: "s",
+              base: base.rootfs,
+              authorizedKey: keys.client.public,
+              hostKey: keys.host.private,
+            })
+            const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+            yield* guest.bash({ command: "true" })
+            ready.push(performance.now() - t0)
+            if (base === slim) return
+            const t1 = performance.now()
+            const r = yield* guest.bash({ command: "screenshot /tmp/screen.png" })
+            if (r.exit_code !== 0) return yield* Effect.die(new Error(`screenshot failed: ${r.output}`))
+            shot.push(performance.now() - t1)
+          }),
+        )
+      }
+      return { base, ready, shot }
+    }),
+  )
+
 const program = Effect.gen(function* () {
   const rows = [
     yield* measure("crun (unprivileged tenant)", make(testDriverSettings)),
@@ -120,6 +157,17 @@ const program = Effect.gen(function* () {
     console.log(`ratio exec/local p50: ${(pct(r.rtt, 50) / pct(local, 50)).toFixed(2)}`)
   }
   console.log(`local bash -c true baseline (${execs}): p50 ${ms(pct(local, 50))}, p99 ${ms(pct(local, 99))}`)
+
+  const slim = yield* Effect.promise(() => ensureTestBase())
+  const full = yield* Effect.promise(() => ensureFullBases())
+  console.log(`— machine start by base (crun, ${machines} machines each, one after another)`)
+  for (const r of yield* byBase(make(testDriverSettings), slim, full)) {
+    const label = r.base === slim ? `${r.base.name} (slim, test fixture)` : r.base.name
+    console.log(
+      `${label}: create → SSH ready → first bash p50 ${ms(pct(r.ready, 50))}, p95 ${ms(pct(r.ready, 95))}` +
+        (r.shot.length > 0 ? `; first screenshot (starts the display) p50 ${ms(pct(r.shot, 50))}` : ""),
+    )
+  }
 })
 
 Effect.runPromise(program).catch((e) => {
