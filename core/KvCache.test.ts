@@ -95,4 +95,17 @@ layer(layerAll())("KvCache", (it) => {
       expect(cache.peek(key)).toEqual(Option.none())
     }),
   )
+
+  it.scoped("with a view, keeps and answers the view of each value, read or watched", () =>
+    Effect.gen(function* () {
+      const writer = yield* bucket
+      const cache = yield* KvCache.make(yield* bucket, ">", (v) => `n=${v.n}`)
+      const key = uniqueName("k")
+      yield* writer.create(key, { n: 1 })
+      expect(yield* cache.get(key)).toEqual(Option.some("n=1"))
+      yield* writer.put(key, { n: 2 })
+      yield* cache.settled(key, (v) => v === "n=2", 60_000)
+      expect(cache.peek(key)).toEqual(Option.some("n=2"))
+    }),
+  )
 })

@@ -44,8 +44,16 @@ interface Cached<A> {
   readonly value: A | undefined
 }
 
-/** Starts the cache's watch for the life of the scope; ready once the watch is subscribed. */
-export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, never, Scope.Scope> =>
+/**
+ * Starts the cache's watch for the life of the scope; ready once the watch is subscribed. With
+ * `view`, what is kept and answered is `view` of each stored value (the part a reader needs, when
+ * the records are large).
+ */
+export const make = <S, A = S>(
+  kv: Kv<S>,
+  filter = ">",
+  view: (stored: S) => A = (stored) => stored as unknown as A,
+): Effect.Effect<KvCache<A>, never, Scope.Scope> =>
   Effect.gen(function* () {
     const cache = new Map<string, Cached<A>>()
     let live = false
@@ -67,7 +75,7 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
         yield* Deferred.succeed(ready, undefined)
         yield* Stream.runForEach(changes, (c) =>
           Effect.sync(() =>
-            apply(c.key, { revision: c.revision, value: c._tag === "Put" ? c.value : undefined }),
+            apply(c.key, { revision: c.revision, value: c._tag === "Put" ? view(c.value) : undefined }),
           ),
         )
       }),
@@ -97,10 +105,11 @@ export const make = <A>(kv: Kv<A>, filter = ">"): Effect.Effect<KvCache<A>, neve
         const cacheable = live
         const started = generation
         return Effect.map(kv.get(key), (found) => {
-          if (cacheable && live && generation === started && Option.isSome(found)) {
-            apply(key, { revision: found.value.revision, value: found.value.value })
+          const value = Option.map(found, (e) => view(e.value))
+          if (cacheable && live && generation === started && Option.isSome(found) && Option.isSome(value)) {
+            apply(key, { revision: found.value.revision, value: value.value })
           }
-          return Option.map(found, (e) => e.value)
+          return value
         })
       })
 

@@ -10,6 +10,7 @@ import { IssuerSettings } from "../core/LocalIssuer.ts"
 import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
 import * as Accounts from "./accounts/routes.ts"
+import type { AccountStates } from "./accounts/States.ts"
 import * as Auth from "./auth/Auth.ts"
 import type { KeyCache } from "./auth/KeyCache.ts"
 import * as Commands from "./commands/routes.ts"
@@ -55,6 +56,7 @@ const groupServices = Layer.mergeAll(CliLogins.layerFromEnv, Credit.layerFromEnv
 export const layer = Server.layer<
   | Auth.Auth
   | KeyCache
+  | AccountStates
   | AccountStore
   | Definitions.Services
   | Layer.Layer.Success<typeof groupServices>

@@ -231,6 +231,8 @@ export const kvKeys = {
   logPart: (run: string, n: number) => `${token(run)}.${token(n)}`,
   // <type>.<id>  (bucket `actors`)
   actor: (type: string, id: string) => `${token(type)}.${token(id)}`,
+  // <type>.>  (bucket `actors`: every actor of a type)
+  actorsOf: (type: string) => `${token(type)}.>`,
   // r.<run>  (bucket `agents`: the run has an agent that should be working; written by the run actor)
   agentRun: (run: string) => `r.${token(run)}`,
   // l.<run>  (bucket `agents`: the lease of the worker running the run's loop)

@@ -2,24 +2,41 @@
  * `GET /v1/account` and `GET /v1/members`, `DELETE /v1/members/{user}`.
  *
  * The balance and the webhook key come from the account actor (`actors/account`): the balance from
- * its stored state, the key too once made; a key not made yet is asked for, and left out of the
- * answer if the actor does not answer within a few seconds (the actors role is down or starting).
+ * its stored state (watched in memory, `States.ts`), the key too once made; a key not made yet is
+ * asked for, and left out of the answer if the actor does not answer within a few seconds (the
+ * actors role is down or starting).
  */
-import { Effect, Option, Schema } from "effect"
+import { Context, Effect, Option, Schema } from "effect"
 import { Accounts, computeRate } from "../../core/Accounts.ts"
 import * as Client from "../../core/actors/AccountClient.ts"
-import { balanceOf as balanceFromState, publicKeyOf } from "../../schema/actors/Account.ts"
+import type { BalanceReply } from "../../schema/actors/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
+import type { AccountPerson } from "../auth/Access.ts"
 import { KeyCache } from "../auth/KeyCache.ts"
 import { authRoute } from "../auth/Route.ts"
 import { json } from "../Response.ts"
+import { AccountStates } from "./States.ts"
 import { apiBalance } from "./Usage.ts"
 
 const isUserId = Schema.is(UserId)
 
 /** How long a removal waits to see itself in this gateway's membership cache. */
 const REMOVE_SETTLE_MS = 2_000
+
+const accountReply = (principal: AccountPerson, balance: BalanceReply, key: Option.Option<string>) => {
+  const a = principal.account
+  return json({
+    id: a.id,
+    name: a.name,
+    state: a.state,
+    limits: a.limits,
+    ...(Option.isSome(key) ? { webhook_public_key: key.value } : {}),
+    balance: apiBalance(a.id, balance),
+    role: principal.role,
+    compute_rate_usd_nanos_per_gib_hour: computeRate,
+  })
+}
 
 /** The account and membership routes. */
 export const routes = [
@@ -30,33 +47,30 @@ export const routes = [
     handler: ({ principal }) =>
       Effect.gen(function* () {
         const a = principal.account
-        // One read of the actor's record serves the balance and, once made, the webhook key.
-        const state = yield* Client.state(a.id)
-        const key = state.webhook_key
-          ? Option.some(publicKeyOf(state.webhook_key))
-          : yield* Client.webhookKey(a.id).pipe(
-              Effect.map(Option.some),
-              Effect.catchTag("AskTimeout", () =>
-                Effect.as(
-                  Effect.logWarning("account actor did not answer; webhook key left out").pipe(
-                    Effect.annotateLogs({ account: a.id }),
+        // One read of the actor's state serves the balance and, once made, the webhook key.
+        const shown = yield* (yield* AccountStates).get(a.id)
+        const key =
+          shown.webhookKey !== undefined
+            ? Option.some(shown.webhookKey)
+            : yield* Client.webhookKey(a.id).pipe(
+                Effect.map(Option.some),
+                Effect.catchTag("AskTimeout", () =>
+                  Effect.as(
+                    Effect.logWarning("account actor did not answer; webhook key left out").pipe(
+                      Effect.annotateLogs({ account: a.id }),
+                    ),
+                    Option.none<string>(),
                   ),
-                  Option.none<string>(),
                 ),
-              ),
-            )
-        const balance = apiBalance(a.id, balanceFromState(state))
-        return json({
-          id: a.id,
-          name: a.name,
-          state: a.state,
-          limits: a.limits,
-          ...(Option.isSome(key) ? { webhook_public_key: key.value } : {}),
-          balance,
-          role: principal.role,
-          compute_rate_usd_nanos_per_gib_hour: computeRate,
-        })
+              )
+        return accountReply(principal, shown.balance, key)
       }),
+    // From memory once the actor's state is cached and its webhook key made.
+    now: ({ principal }, services) => {
+      const shown = Context.get(services, AccountStates).now(principal.account.id)
+      if (shown === undefined || shown.webhookKey === undefined) return undefined
+      return accountReply(principal, shown.balance, Option.some(shown.webhookKey))
+    },
   }),
   authRoute({
     method: "GET",

@@ -19,6 +19,7 @@ import { hashToken, isKeyToken, sameHash, tokenPrefix } from "../../core/KeyToke
 import type { Member } from "../../schema/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId } from "../../schema/Ids.ts"
+import { layer as accountStatesLayer } from "../accounts/States.ts"
 import {
   type Access,
   type AccountKey,
@@ -266,10 +267,11 @@ export const layer = Layer.effect(Auth, make)
 
 /**
  * The auth step with everything it stands on: the account store and the key cache (also provided
- * to the routes), the cache's watches, and the ID token verifier. Needs NATS, the storage map and
- * `IssuerSettings`.
+ * to the routes), the cache's watches, and the ID token verifier; with them, the account actors'
+ * watched states that `GET /v1/account` shows (`accounts/States.ts`), so every gateway built on
+ * this has every watched cache. Needs NATS, the storage map and `IssuerSettings`.
  */
 export const layerAll = layer.pipe(
-  Layer.provideMerge(Layer.mergeAll(keyCacheLayer, idTokensLayer)),
+  Layer.provideMerge(Layer.mergeAll(keyCacheLayer, idTokensLayer, accountStatesLayer)),
   Layer.provideMerge(accountsLayer),
 )

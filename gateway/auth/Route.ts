@@ -51,7 +51,10 @@ export const authRoute = <
    * `handler`'s answer from memory when it can be had at once (`undefined`: it cannot), for routes
    * without a body; the server then answers inside uWS's callback (see `Route.now`).
    */
-  readonly now?: (request: AuthedRequest<Params<P>, undefined, A>) => Reply | undefined
+  readonly now?: (
+    request: AuthedRequest<Params<P>, undefined, A>,
+    services: Context.Context<R | Auth | Nats | Storage>,
+  ) => Reply | undefined
 }): AuthRoute<R> => {
   const whileSuspended = spec.whileSuspended ?? spec.method === "GET"
   const decode = spec.body ? decodeBody(spec.body) : undefined
@@ -97,7 +100,10 @@ export const authRoute = <
     const principal = Context.get(services, Auth).resolveNow(spec.access, request.headers, options)
     if (principal === undefined) return undefined
     if (principal instanceof ApiError) return errorReply(principal)
-    return handlerNow?.({ ...request, body: undefined, principal: principal as PrincipalFor<A> })
+    return handlerNow?.(
+      { ...request, body: undefined, principal: principal as PrincipalFor<A> },
+      services as Context.Context<R | Auth | Nats | Storage>,
+    )
   }
   return { ...base, now, access: spec.access, whileSuspended } as AuthRoute<R>
 }
