@@ -10,7 +10,8 @@ export default defineConfig({
     pool: "forks",
     poolOptions: { forks: { maxForks: 2, minForks: 1 } },
     testTimeout: 60_000,
-    hookTimeout: 60_000,
+    // A file's stack closes every role (up to 30 s each when a role hangs) on a loaded machine.
+    hookTimeout: 120_000,
     reporters: ["default"],
     // No machine made by a test (in the test process or in a role it starts) has a way to a real
     // network: a deployed host agent lets machines out by the host's default route, tests never.
