@@ -3,8 +3,8 @@ import { Chunk, Clock, Deferred, Effect, Either, Fiber, Option, Schema, Stream }
 import { layerAll } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
 import * as Kv from "./Kv.ts"
-import { Nats } from "./Nats.ts"
-import { Storage } from "./Storage.ts"
+import { attempt, Nats } from "./Nats.ts"
+import { kvStreamConfig, Storage } from "./Storage.ts"
 
 const Counter = Schema.Struct({ n: Schema.Number, by: Schema.String })
 
@@ -118,6 +118,34 @@ layer(layerAll())("Kv", (it) => {
       yield* kv.delete(`${p}.c`)
       expect([...(yield* kv.keys(`${p}.*`))].sort()).toEqual([`${p}.a`, `${p}.b`])
     }),
+  )
+
+  it.effect(
+    "a replicated bucket (no direct gets) is read from its stream's leader: get, deletions, keys, CAS",
+    () =>
+      Effect.gen(function* () {
+        // The stream as Storage makes it for R3, with one replica: what this single server can hold.
+        const bucket = uniqueName("leader")
+        const { jsm } = yield* Nats
+        const config = { ...kvStreamConfig({ name: bucket, history: 1, maxAgeMs: 0 }, 3), num_replicas: 1 }
+        expect(config.allow_direct).toBe(false)
+        yield* attempt("add", () => jsm.streams.add(config))
+        const kv = yield* Kv.make(bucket, Counter)
+        expect(yield* kv.get("never")).toEqual(Option.none())
+        const rev = yield* kv.create("a", { n: 1, by: "a" })
+        expect(yield* kv.get("a")).toEqual(Option.some({ value: { n: 1, by: "a" }, revision: rev }))
+        expect((yield* kv.create("a", { n: 2, by: "b" }).pipe(Effect.flip))._tag).toBe("StateConflict")
+        const rev2 = yield* kv.update("a", { n: 2, by: "b" }, rev)
+        expect(Option.getOrThrow(yield* kv.get("a")).revision).toBe(rev2)
+        yield* kv.put("b", { n: 1, by: "a" })
+        yield* kv.put("c", { n: 1, by: "a" })
+        yield* kv.delete("c")
+        expect(yield* kv.get("c")).toEqual(Option.none())
+        expect([...(yield* kv.keys())]).toEqual(["a", "b"])
+        const raw = yield* Kv.make(bucket, Schema.Unknown)
+        yield* raw.put("bad", { n: "not a number" })
+        expect((yield* kv.get("bad").pipe(Effect.flip))._tag).toBe("KvValueInvalid")
+      }),
   )
 
   it.effect("a stored value the schema rejects is a KvValueInvalid, not a crash", () =>

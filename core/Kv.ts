@@ -9,7 +9,7 @@
 
 import { type JetStreamClient, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
-import { Kvm } from "@nats-io/kv"
+import { Bucket, Kvm } from "@nats-io/kv"
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node"
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
@@ -154,6 +154,14 @@ const isConflict = (error: NatsError): boolean => {
 
 // Subjects asked for at once in one batched direct get (the server answers at most 1,024).
 const KEYS_BATCH = 512
+// Keys of a replicated bucket asked of its stream's leader at once (one request each).
+const LEADER_KEYS_AT_ONCE = 64
+
+/** The answer of `$JS.API.STREAM.MSG.GET` (the stream's leader). */
+interface MsgGetAnswer {
+  readonly error?: { readonly code: number; readonly err_code?: number; readonly description?: string }
+  readonly message?: { readonly seq: number; readonly hdrs?: string; readonly data?: string }
+}
 
 const includeOf: Record<NonNullable<WatchOptions["include"]>, KvWatchInclude> = {
   last: "",
@@ -230,6 +238,9 @@ export const make = <A, I>(
   Effect.gen(function* () {
     const { js, jsm, connection, requests } = yield* Nats
     const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
+    // Whether the bucket's stream allows direct gets, as the client read it from the stream's
+    // configuration when it opened the bucket (`core/Storage.ts`: single node only).
+    const direct = kv instanceof Bucket ? kv.direct : true
     const { encodeJson, decodeJson } = codecsOf(schema)
     const textDecoder = new TextDecoder()
     const streamName = `KV_${bucket}`
@@ -261,13 +272,54 @@ export const make = <A, I>(
           ? Effect.fail(new StateConflict({ bucket, key, expectedRevision }))
           : Effect.fail(error)
 
-    // The bucket's streams allow direct gets (`core/Storage.ts`): the last message on the key's
-    // subject, asked through the shared inbox as `@nats-io/kv` asks through its own request.
+    // A single node's bucket streams allow direct gets (`core/Storage.ts`): the last message on the
+    // key's subject, asked through the shared inbox as `@nats-io/kv` asks through its own request.
+    // A replicated bucket's do not: any replica answers a direct get, and one that has not yet
+    // applied an acknowledged write answers the value before it (or none), so there the stream's
+    // leader answers (`leaderGet`), as the client does for a stream without direct gets.
     const getOperation = `kv.get ${bucket}`
     const directGet = `$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.`
+    const leaderGet = `$JS.API.STREAM.MSG.GET.KV_${bucket}`
+    const entryOfLeader = (
+      key: string,
+      msg: Msg,
+    ): Effect.Effect<Option.Option<KvEntry<A>>, NatsError | KvValueInvalid> => {
+      const answer = Either.try(() => JSON.parse(textDecoder.decode(msg.data)) as MsgGetAnswer)
+      if (Either.isLeft(answer))
+        return Effect.fail(new NatsError({ operation: getOperation, message: "invalid answer" }))
+      const { error, message } = answer.right
+      if (error !== undefined) {
+        if (error.code === 404) return Effect.succeed(Option.none())
+        return Effect.fail(
+          new NatsError({ operation: getOperation, message: error.description ?? "error", cause: error }),
+        )
+      }
+      if (message === undefined)
+        return Effect.fail(new NatsError({ operation: getOperation, message: "invalid answer" }))
+      const operation = /^KV-Operation:\s*(\S+)/im.exec(
+        message.hdrs === undefined ? "" : Buffer.from(message.hdrs, "base64").toString("utf8"),
+      )?.[1]
+      if (operation === "DEL" || operation === "PURGE") return Effect.succeed(Option.none())
+      const data = message.data === undefined ? empty : new Uint8Array(Buffer.from(message.data, "base64"))
+      return Either.match(decode(key, data), {
+        onLeft: Effect.fail,
+        onRight: (value) => Effect.succeed(Option.some({ value, revision: message.seq })),
+      })
+    }
     const get: Kv<A>["get"] = (key) => {
       if (!validKey.test(key))
         return Effect.fail(new NatsError({ operation: getOperation, message: `invalid key: ${key}` }))
+      if (!direct)
+        return Effect.flatMap(
+          requests.request(
+            getOperation,
+            leaderGet,
+            new TextEncoder().encode(JSON.stringify({ last_by_subj: subjectPrefix + key })),
+            undefined,
+            GET_TIMEOUT_MS,
+          ),
+          (msg) => entryOfLeader(key, msg),
+        )
       return Effect.flatMap(
         requests.request(getOperation, directGet + key, empty, undefined, GET_TIMEOUT_MS),
         (msg): Effect.Effect<Option.Option<KvEntry<A>>, NatsError | KvValueInvalid> => {
@@ -334,6 +386,24 @@ export const make = <A, I>(
         const info = await jsm.streams.info(streamName, { subjects_filter: `${subjectPrefix}${filter}` })
         const subjects = Object.keys(info.state.subjects ?? {})
         const out: Array<string> = []
+        if (!direct) {
+          // A replicated bucket: each key's last message from the stream's leader (see `get`).
+          for (let i = 0; i < subjects.length; i += LEADER_KEYS_AT_ONCE) {
+            const found = await Promise.all(
+              subjects
+                .slice(i, i + LEADER_KEYS_AT_ONCE)
+                .map((subject) =>
+                  jsm.streams
+                    .getMessage(streamName, { last_by_subj: subject })
+                    .then((m) => (m === null ? undefined : { subject, op: m.header?.get("KV-Operation") })),
+                ),
+            )
+            for (const f of found)
+              if (f !== undefined && f.op !== "DEL" && f.op !== "PURGE")
+                out.push(f.subject.slice(subjectPrefix.length))
+          }
+          return out.sort()
+        }
         for (let i = 0; i < subjects.length; i += KEYS_BATCH) {
           const batch = subjects.slice(i, i + KEYS_BATCH)
           for await (const m of await jsm.direct.getLastMessagesFor(streamName, { multi_last: batch })) {

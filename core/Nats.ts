@@ -151,7 +151,9 @@ export const make = Effect.gen(function* () {
     up = false
   })
   const js = jetstream(connection)
-  const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection))
+  // No account-info round trip here: a cluster without a quorum does not answer it, and the role
+  // should wait for one (`Storage.layer` says so and retries), not fail at connect.
+  const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection, { checkAPI: false }))
   // Released before the drain above: waiting requests fail at once instead of at their deadline.
   const requests = yield* Effect.acquireRelease(
     Effect.sync(() => makeRequests(connection)),

@@ -48,6 +48,25 @@ layer(layerAll())("Requests (shared inbox)", (it) => {
   )
 
   it.effect(
+    "no responder to a JetStream request (a stream leaderless mid-election) counts as trouble; to a core request it does not",
+    () =>
+      Effect.gen(function* () {
+        const { connection } = yield* Nats
+        const own = make(connection)
+        yield* Effect.addFinalizer(() => Effect.sync(() => own.close()))
+        yield* own.request("core", uniqueName("nobody"), "x", undefined, 5_000).pipe(Effect.flip)
+        expect(own.lastTimeout()).toBe(0)
+        // A stream publish (it carries headers) that no stream captures: nobody answers.
+        const h = natsHeaders()
+        h.set("Nats-Msg-Id", "m1")
+        const before = Date.now()
+        const refused = yield* own.request("publish", uniqueName("nostream"), "x", h, 5_000).pipe(Effect.flip)
+        expect(refused.message).toBe("no responders")
+        expect(own.lastTimeout()).toBeGreaterThanOrEqual(before)
+      }).pipe(Effect.scoped),
+  )
+
+  it.effect(
     "an inbox keeps a reply that arrives before anyone waits, forgets a released address, and times out",
     () =>
       Effect.gen(function* () {

@@ -40,7 +40,7 @@ export interface Requests {
    * answered since (a stopped server keeps the connection open, so no disconnect tells it).
    */
   readonly responsive: () => boolean
-  /** When a request or an ask last went unanswered (epoch ms; 0: never). */
+  /** When a request or an ask last went unanswered, or a JetStream request found no responder (epoch ms; 0: never). */
   readonly lastTimeout: () => number
   /** Fails every waiting request and stops the sweep (the connection is closing). */
   readonly close: () => void
@@ -61,6 +61,8 @@ interface Pending {
   /** Epoch ms after which the sweep fails it with `timedOut`. */
   readonly deadline: number
   readonly timedOut: () => NatsError | ReplyTimeout
+  /** A JetStream request (a stream publish, an API call): nobody answering it is the store's trouble. */
+  readonly store?: boolean
   readonly resume: (effect: Effect.Effect<Msg, NatsError | ReplyTimeout>) => void
 }
 
@@ -89,6 +91,10 @@ export const make = (connection: NatsConnection): Requests => {
       pending.delete(token)
       const headers = msg.headers
       if (headers?.hasError && headers.code === 503 && msg.data.length === 0) {
+        // JetStream without a responder: in a cluster, a stream whose leader just went and whose
+        // new one is not elected yet. Not settled, as after a timeout (a core request nobody
+        // listens to, as a terminal route nobody joined, is an answer, not trouble).
+        if (waiting.store === true) lastTimeout = Date.now()
         waiting.resume(Effect.fail(new NatsError({ operation: waiting.operation, message: "no responders" })))
       } else waiting.resume(Effect.succeed(msg))
     },
@@ -116,6 +122,8 @@ export const make = (connection: NatsConnection): Requests => {
         operation,
         deadline: Date.now() + timeoutMs,
         timedOut: () => new NatsError({ operation, message: "timed out" }),
+        // Stream publishes carry headers (message id, expectations); API calls go to `$JS.`.
+        store: headers !== undefined || subject.startsWith("$JS."),
         // Only `NatsError`s reach it: its own `timedOut`, "no responders", "connection closed".
         resume: resume as Pending["resume"],
       })

@@ -10,7 +10,7 @@
  */
 import type { StreamConfig } from "@nats-io/jetstream"
 import { DiscardPolicy, RetentionPolicy, StorageType } from "@nats-io/jetstream"
-import { Context, Effect, Layer } from "effect"
+import { Context, Effect, Layer, Schedule } from "effect"
 import {
   type KvSpec,
   kvBuckets,
@@ -54,7 +54,9 @@ export const kvStreamConfig = (spec: KvSpec, replicas = 1): Config => ({
   storage: StorageType.File,
   discard: DiscardPolicy.New,
   allow_rollup_hdrs: true,
-  allow_direct: true,
+  // Any replica answers a direct get, one behind with the value before an acknowledged write:
+  // replicated buckets are read from the stream's leader (`Kv.get`).
+  allow_direct: replicas === 1,
   deny_delete: true,
   num_replicas: replicas,
   // Each stored write again, where `Kv.awaitValue` listens.
@@ -70,7 +72,7 @@ export const objectStreamConfig = (spec: ObjectStoreSpec, replicas = 1): Config 
   storage: StorageType.File,
   discard: DiscardPolicy.New,
   allow_rollup_hdrs: true,
-  allow_direct: true,
+  allow_direct: replicas === 1,
   num_replicas: replicas,
 })
 
@@ -116,7 +118,56 @@ export const ensure = (names: StorageNames, options: { readonly replicas?: numbe
     discard: true,
   }).pipe(Effect.withSpan("Storage.ensure"))
 
-/** Ensures the storage named by `StorageSettings` and provides its names. */
+// What JetStream answers while it cannot place the storage yet: no answer at all (a cluster
+// without a quorum of its nodes elects no meta leader; a server still starting), "JetStream
+// temporarily unavailable" (10008), or too few live nodes for the replicas asked (10005 "no suitable
+// peers for placement", 10023 "insufficient resources").
+const notYetCodes: ReadonlySet<number> = new Set([10005, 10008, 10023])
+
+/** Whether `e` means the server (or cluster) cannot place storage yet, rather than refusing it. */
+export const isNotYetPlaceable = (e: NatsError): boolean => {
+  const cause = e.cause as { name?: unknown; code?: unknown; cause?: unknown } | undefined
+  const name = String(cause?.name ?? "")
+  if (name === "TimeoutError" || name === "NoRespondersError") return true
+  const inner = (cause?.cause as { name?: unknown } | undefined)?.name
+  if (inner === "TimeoutError" || inner === "NoRespondersError") return true
+  return typeof cause?.code === "number" && notYetCodes.has(cause.code)
+}
+
+/** How often `ensureWhenPlaceable` tries again, and how often it says it still waits. */
+const RETRY_MS = 1_000
+const SAY_EVERY_MS = 15_000
+
+/**
+ * `ensure`, waiting (forever, saying so in the log every 15 s) while JetStream cannot place it: a
+ * role started against a cluster with fewer nodes up than it needs waits for them instead of
+ * crashing. Any other failure (a refused config, an authorization error) fails at once.
+ */
+export const ensureWhenPlaceable = (names: StorageNames, options: { readonly replicas?: number } = {}) =>
+  Effect.gen(function* () {
+    const replicas = options.replicas ?? 1
+    let saidAt = 0
+    yield* ensure(names, options).pipe(
+      Effect.tapError((e) =>
+        isNotYetPlaceable(e) && Date.now() - saidAt >= SAY_EVERY_MS
+          ? Effect.sync(() => {
+              saidAt = Date.now()
+            }).pipe(
+              Effect.zipRight(
+                Effect.logWarning(
+                  replicas > 1
+                    ? `NATS JetStream cannot place the storage yet: with ${replicas} replicas a cluster needs a quorum (${Math.floor(replicas / 2) + 1} of ${replicas} nodes) up to answer and ${replicas} up to create a stream; waiting`
+                    : "NATS JetStream does not answer yet (is JetStream enabled on the server?); waiting",
+                ).pipe(Effect.annotateLogs({ operation: e.operation, error: e.message, replicas })),
+              ),
+            )
+          : Effect.void,
+      ),
+      Effect.retry({ while: isNotYetPlaceable, schedule: Schedule.spaced(`${RETRY_MS} millis`) }),
+    )
+  })
+
+/** Ensures the storage named by `StorageSettings` (waiting while it cannot be placed) and provides its names. */
 export const layer: Layer.Layer<
   Storage,
   NatsError,
@@ -126,7 +177,7 @@ export const layer: Layer.Layer<
   Effect.gen(function* () {
     const settings = yield* StorageSettings.Tag
     const names = storageNames(settings.prefix)
-    yield* ensure(names, { replicas: settings.replicas })
+    yield* ensureWhenPlaceable(names, { replicas: settings.replicas })
     return { names }
   }),
 )

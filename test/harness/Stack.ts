@@ -109,6 +109,22 @@ export interface StackOptions {
   readonly sharedConnection?: boolean
   /** nats-server fsyncs every write (as deployed) so a SIGKILLed server loses nothing it acknowledged. */
   readonly natsSyncAlways?: boolean
+  /**
+   * Use these NATS servers (comma-separated: a cluster of `test/harness/NatsCluster.ts`) instead of
+   * starting one; the caller stops them. `killNats`, `restartNats` and `natsPid` are then the
+   * cluster's business and refuse.
+   */
+  readonly natsUrl?: string
+}
+
+/** One more instance of a role started by `Stack.startExtra` (its own process). */
+export interface ExtraRole {
+  readonly role: Role
+  readonly pid: number
+  /** SIGTERM (SIGKILL after 30 s). */
+  readonly stop: () => Promise<void>
+  /** SIGKILL, as a crash would. */
+  readonly kill: () => Promise<void>
 }
 
 /**
@@ -189,6 +205,12 @@ export interface Stack {
   readonly startHost: () => Promise<void>
   /** Which roles are running now. */
   readonly running: () => ReadonlyArray<Role>
+  /**
+   * Starts one more instance of `role` as its own process (`processes` only), with these
+   * `HANGAR_*` variables (by name without the prefix) over the stack's: a second gateway
+   * (`HTTP_ADDR`), a second worker, another host (`HOST_ID`). Stopped at `close`.
+   */
+  readonly startExtra: (role: Role, settings?: Readonly<Record<string, string>>) => Promise<ExtraRole>
   /** Runs the stack started (their machines are checked for leftovers at `close`). */
   readonly runs: Set<string>
   /**
@@ -249,6 +271,22 @@ const freePort = () =>
 const closeScope = (scope: Scope.CloseableScope) =>
   Effect.runPromise(Scope.close(scope, Exit.void).pipe(Effect.timeout(Duration.seconds(30)), Effect.ignore))
 
+/** NATS the stack did not start (`StackOptions.natsUrl`): the stack neither kills nor stops it. */
+const outsideNats = (url: string) => {
+  const refuse = () =>
+    Promise.reject(new Error("the stack runs on outside NATS servers: use their own handles"))
+  return {
+    url,
+    storeDir: "",
+    get pid(): number {
+      throw new Error("the stack runs on outside NATS servers: use their own handles")
+    },
+    kill: refuse,
+    restart: refuse,
+    stop: () => Promise.resolve(),
+  }
+}
+
 /** Closes `stack` (if it started) and expects that its machines left nothing behind: an `afterAll`. */
 export const closeStack = async (stack: Stack | undefined): Promise<void> => {
   if (stack === undefined) return
@@ -259,7 +297,10 @@ export const closeStack = async (stack: Stack | undefined): Promise<void> => {
 /** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
 export const startStack = async (options: StackOptions = {}): Promise<Stack> => {
   const base = await ensureTestBase()
-  const nats = await startNatsServer({ syncAlways: options.natsSyncAlways ?? false })
+  const nats =
+    options.natsUrl === undefined
+      ? await startNatsServer({ syncAlways: options.natsSyncAlways ?? false })
+      : outsideNats(options.natsUrl)
   const dir = await mkdtemp(join(tmpdir(), "hangar-stack-"))
   const prefix = uniquePrefix()
   const port = await freePort()
@@ -318,7 +359,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
 
   // `processes`: the role runs as `hangar serve <role>` with the stack's variables; it is up once it
   // logs its ready line (each of its lines goes to `lines` too).
-  const spawnRole = (role: Role): Promise<Piece> =>
+  const spawnRole = (role: Role, extraEnv: Readonly<Record<string, string>> = {}): Promise<Piece> =>
     new Promise((resolve, reject) => {
       const child = spawn(
         process.execPath,
@@ -327,7 +368,9 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
           cwd: root,
           env: {
             ...process.env,
-            ...Object.fromEntries(Object.entries(env).map(([k, v]) => [`HANGAR_${k}`, v])),
+            ...Object.fromEntries(
+              Object.entries({ ...env, ...extraEnv }).map(([k, v]) => [`HANGAR_${k}`, v]),
+            ),
           },
           stdio: ["ignore", "ignore", "pipe"],
         },
@@ -419,7 +462,22 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const client = await build("client", clientLayer)
   const runs = new Set<string>()
 
+  const extras = new Set<ChildProcess>()
+  const startExtra = async (role: Role, settings: Readonly<Record<string, string>> = {}) => {
+    if (options.processes !== true) throw new Error("startExtra needs processes: true")
+    const piece = await spawnRole(role, settings)
+    if (piece._tag !== "Child") throw new Error("unreachable")
+    const child = piece.child
+    extras.add(child)
+    const end = (signal: NodeJS.Signals) => async () => {
+      await endChild(child, signal)
+      extras.delete(child)
+    }
+    return { role, pid: child.pid ?? -1, stop: end("SIGTERM"), kill: end("SIGKILL") }
+  }
+
   const closeAll = async () => {
+    await Promise.all([...extras].map((c) => endChild(c, "SIGTERM")))
     for (const role of ["gateway", "relay", "host", "actors"] as const) await stop(role)
     await closeScope(client.scope)
     if (shared !== undefined) await closeScope(shared.scope)
@@ -472,6 +530,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     killHost: () => kill("host"),
     startHost: () => start("host"),
     running: () => [...pieces.keys()],
+    startExtra,
     runs,
     close: async () => {
       await closeAll()
