@@ -12,6 +12,11 @@
  *   hangar admin reactivate --account ID                    → {account}
  *   hangar admin credit --account ID --usd N                → {account, entry, balance_usd_nanos}
  *     (N in dollars, may be negative, up to 9 decimals: an `adjustment` ledger entry)
+ *   hangar admin hosts                                      → {hosts: [{id, live, heartbeat_age_ms, draining,
+ *                                                              vcpus, used_vcpus, free_vcpus, …, machines, runs}]}
+ *   hangar admin drain --host ID                            → {host, draining: true, runs}
+ *     (the host takes no new runs; its running ones go on: stop it once `runs` is empty)
+ *   hangar admin undrain --host ID                          → {host, draining: false, runs}
  *
  * Exit status: 0 worked, 2 wrong command or arguments, 4 anything else.
  */
@@ -24,7 +29,9 @@ import { IssuerSettings, loadKey, mint } from "../core/LocalIssuer.ts"
 import * as Log from "../core/Log.ts"
 import type { AccountState } from "../schema/Account.ts"
 import { Email } from "../schema/Account.ts"
+import { HostId } from "../schema/Host.ts"
 import { AccountId } from "../schema/Ids.ts"
+import * as AdminHosts from "./adminHosts.ts"
 
 /** Usage of the admin commands. */
 export const usage = `usage:
@@ -32,7 +39,10 @@ export const usage = `usage:
   hangar admin token --email EMAIL
   hangar admin suspend --account ID
   hangar admin reactivate --account ID
-  hangar admin credit --account ID --usd N`
+  hangar admin credit --account ID --usd N
+  hangar admin hosts
+  hangar admin drain --host ID
+  hangar admin undrain --host ID`
 
 class UsageError extends Error {}
 
@@ -62,6 +72,11 @@ const email = (value: string): string => {
 
 const accountId = (value: string): string => {
   if (!Schema.is(AccountId)(value)) throw new UsageError(`not an account id: ${value}`)
+  return value
+}
+
+const hostId = (value: string): string => {
+  if (!Schema.is(HostId)(value)) throw new UsageError(`not a host id: ${value}`)
   return value
 }
 
@@ -169,6 +184,13 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
       const f = flags(rest, ["account", "usd"])
       return credit(accountId(f.account!), usdToNanos(f.usd!))
     }
+    case "hosts":
+      flags(rest, [])
+      return AdminHosts.hosts
+    case "drain":
+      return AdminHosts.drain(hostId(flags(rest, ["host"]).host!))
+    case "undrain":
+      return AdminHosts.undrain(hostId(flags(rest, ["host"]).host!))
     default:
       throw new UsageError(
         command === undefined ? "no admin command given" : `unknown admin command: ${command}`,

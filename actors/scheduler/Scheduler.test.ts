@@ -150,7 +150,7 @@ describe("scheduler", () => {
         expect(queue.map((w) => w.run)).toEqual([a.run, b.run, c.run])
         const big = hostRecord("big", { vcpus: 4, memory_mib: 16_384 })
         const small = hostRecord("small", { vcpus: 3, memory_mib: 16_384 })
-        const result = place({ queue, offered: {}, placed: {}, suspect: {} }, [small, big])
+        const result = place({ queue, offered: {}, placed: {}, suspect: {}, draining: [] }, [small, big])
         // a (2 vCPUs) → big (4 free); b (1) → small (3 free vs 2 left on big); c (4) fits nowhere.
         expect(result.send.map((o) => [o.id, (o.message as { run: string }).run])).toEqual([
           ["big", a.run],
@@ -161,17 +161,31 @@ describe("scheduler", () => {
         // An offer the host already lists counts once; one it does not list yet counts against it.
         const listed = hostRecord("big", { vcpus: 4, memory_mib: 16_384 }, [machineOf(a.run, "m")])
         const again = place(
-          { queue: [c], offered: { [a.run]: { host: "big", waiting: a } }, placed: {}, suspect: {} },
+          {
+            queue: [c],
+            offered: { [a.run]: { host: "big", waiting: a } },
+            placed: {},
+            suspect: {},
+            draining: [],
+          },
           [listed],
         )
         expect(again.send).toEqual([])
         const freeBig = place(
-          { queue: [b], offered: { [a.run]: { host: "big", waiting: a } }, placed: {}, suspect: {} },
+          {
+            queue: [b],
+            offered: { [a.run]: { host: "big", waiting: a } },
+            placed: {},
+            suspect: {},
+            draining: [],
+          },
           [big],
         )
         expect(freeBig.send.map((o) => o.id)).toEqual(["big"])
         // A strict queue: c at the head fits nowhere, so b behind it waits although it fits.
-        expect(place({ queue: [c, b], offered: {}, placed: {}, suspect: {} }, [small]).send).toEqual([])
+        expect(
+          place({ queue: [c, b], offered: {}, placed: {}, suspect: {}, draining: [] }, [small]).send,
+        ).toEqual([])
       }),
   )
 
@@ -319,6 +333,79 @@ describe("scheduler", () => {
           { msgId: "late" },
         )
         yield* succeed(run)
+        yield* schedulerWhere(idle, "the scheduler to be idle")
+      }),
+    ),
+  )
+  it.live(
+    "a stale host with room gets no run: the live one with less room does, and runs spread by free room",
+    () =>
+      withWorker(() =>
+        Effect.gen(function* () {
+          yield* Client.adjust(account, "purchase", 10_000_000_000)
+          // The stale host has the most room but beat 20 s ago: it is never offered anything.
+          const staleBox = yield* inbox(Host, "h-stale")
+          yield* writeHost(hostRecord("h-stale", { vcpus: 14, memory_mib: 65_536 }, [], Date.now() - 20_000))
+          const a = yield* scriptedHost("h-a", { vcpus: 2, memory_mib: 16_384 })
+          const b = yield* scriptedHost("h-b", { vcpus: 3, memory_mib: 16_384 })
+          const runs = [yield* create("s"), yield* create("s"), yield* create("s"), yield* create("s")]
+          for (const run of runs) yield* runWhere(run, (r) => r.state === "running", `${run} running`)
+          // Most free vCPUs first: b (3) takes the first, then a and b each hold 2 free, and so on.
+          expect((yield* a.taken).length + (yield* b.taken).length).toBe(4)
+          expect((yield* a.taken).length).toBe(2)
+          expect(yield* staleBox.pending).toEqual([])
+          for (const run of runs) yield* succeed(run)
+          yield* schedulerWhere(idle, "the scheduler to be idle")
+        }),
+      ),
+  )
+
+  it.live("a drained host takes no new run, its running run goes on; undrained, it takes work again", () =>
+    withWorker(() =>
+      Effect.gen(function* () {
+        yield* Client.adjust(account, "purchase", 10_000_000_000)
+        const host = yield* scriptedHost("h-drain", { vcpus: 4, memory_mib: 16_384 })
+        const first = yield* create("s")
+        yield* runWhere(first, (r) => r.state === "running" && r.host === "h-drain", "first running")
+        yield* schedulerWhere((s) => s.placed[first] === "h-drain", "first placed")
+        const drained = yield* Mailbox.ask(
+          Scheduler,
+          schedulerId,
+          { _tag: "Drain", host: "h-drain" },
+          { timeout: "20 seconds" },
+        )
+        expect(drained).toEqual({ hosts: [{ host: "h-drain", draining: true, runs: [first] }] })
+        // Again: the same answer, nothing changes.
+        expect(
+          yield* Mailbox.ask(
+            Scheduler,
+            schedulerId,
+            { _tag: "Drain", host: "h-drain" },
+            { timeout: "20 seconds" },
+          ),
+        ).toEqual(drained)
+        // A run started now waits (the only host is drained), ticks and all; the first goes on.
+        const second = yield* create("s")
+        yield* schedulerWhere((s) => s.queue.some((w) => w.run === second), "second waiting")
+        yield* Effect.sleep("1 second")
+        expect(Option.getOrThrow(yield* storedRun(account, second)).state).toBe("queued")
+        expect(Option.getOrThrow(yield* storedRun(account, first)).state).toBe("running")
+        expect(
+          yield* Mailbox.ask(Scheduler, schedulerId, { _tag: "Hosts" }, { timeout: "20 seconds" }),
+        ).toEqual({ hosts: [{ host: "h-drain", draining: true, runs: [first] }] })
+        // Its run ends: the host holds nothing, and can be stopped.
+        yield* succeed(first)
+        yield* schedulerWhere((s) => s.placed[first] === undefined, "first freed")
+        const undrained = yield* Mailbox.ask(
+          Scheduler,
+          schedulerId,
+          { _tag: "Undrain", host: "h-drain" },
+          { timeout: "20 seconds" },
+        )
+        expect(undrained).toMatchObject({ hosts: [{ host: "h-drain", draining: false }] })
+        yield* runWhere(second, (r) => r.state === "running" && r.host === "h-drain", "second running")
+        expect(yield* host.taken).toEqual([first, second])
+        yield* succeed(second)
         yield* schedulerWhere(idle, "the scheduler to be idle")
       }),
     ),

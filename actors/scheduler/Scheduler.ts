@@ -20,6 +20,12 @@
  * the pass that follows leaves the refusing host out (its record was too optimistic), so refusals
  * cannot loop; the host is offered work again at the next event or `Tick`.
  *
+ * Draining. An operator's `Drain` takes a host out of placement: it is offered nothing, its
+ * running runs go on (and still fail if it stops beating), and once it holds none it can be
+ * stopped; `Undrain` gives it work again. The set is the scheduler's own state, so it outlives
+ * restarts of the host agent and of the workers; a drained host that is not registered yet is
+ * simply never offered anything when it comes.
+ *
  * The `tick` timer runs while anything waits, is offered or is placed: every message that takes the
  * scheduler from idle to busy schedules it, and each `Tick` schedules the next while busy. Other
  * messages never move it (a later schedule replaces the earlier one, and a steady stream of
@@ -35,6 +41,7 @@ import { Host } from "../../schema/actors/Host.ts"
 import { Run } from "../../schema/actors/Run.ts"
 import {
   Scheduler as Definition,
+  type DrainAnswer,
   type SchedulerMessage,
   type SchedulerState,
   type Waiting,
@@ -92,6 +99,22 @@ export const insert = (queue: ReadonlyArray<Waiting>, w: Waiting): ReadonlyArray
 const busy = (s: SchedulerState) =>
   s.queue.length > 0 || Object.keys(s.offered).length > 0 || Object.keys(s.placed).length > 0
 
+/** The hosts the scheduler knows of (drained, or holding runs), or just `only`, as operators see them. */
+export const hostViews = (s: SchedulerState, only?: string): DrainAnswer => {
+  const runs = new Map<string, Array<string>>()
+  const add = (host: string, run: string) => runs.set(host, [...(runs.get(host) ?? []), run])
+  for (const [run, host] of Object.entries(s.placed)) add(host, run)
+  for (const [run, o] of Object.entries(s.offered)) add(o.host, run)
+  const ids = only !== undefined ? [only] : [...new Set([...s.draining, ...runs.keys()])].sort()
+  return {
+    hosts: ids.map((host) => ({
+      host,
+      draining: s.draining.includes(host),
+      runs: [...(runs.get(host) ?? [])].sort(),
+    })),
+  }
+}
+
 const known = (s: SchedulerState, run: string) =>
   s.offered[run] !== undefined || s.placed[run] !== undefined || s.queue.some((w) => w.run === run)
 
@@ -106,8 +129,9 @@ export const place = (
 ): { readonly state: SchedulerState; readonly send: ReadonlyArray<Actor.Outgoing> } => {
   // Free room per host, less runs offered or placed there that its record does not list yet.
   const free = new Map<string, { vcpus: number; memory: number }>()
+  const drained = new Set(s.draining)
   for (const h of hosts) {
-    if (h.id === exclude) continue
+    if (h.id === exclude || drained.has(h.id)) continue
     const listed = new Set(h.machines.flatMap((m) => (m.run === undefined ? [] : [m.run as string])))
     let vcpus = h.free_vcpus
     let memory = h.free_memory_mib
@@ -246,6 +270,22 @@ export const make = (deps: SchedulerDeps) => {
           const next = s.placed[m.run] === m.host ? { ...s, placed } : s
           return yield* settle(s, next, ctx)
         }
+        case "Drain": {
+          const draining = s.draining.includes(m.host) ? s.draining : [...s.draining, m.host].sort()
+          if (draining !== s.draining)
+            yield* Effect.logInfo("host drained").pipe(Effect.annotateLogs({ host: m.host }))
+          const state = { ...s, draining }
+          return { state, reply: hostViews(state, m.host) }
+        }
+        case "Undrain": {
+          const draining = s.draining.filter((h) => h !== m.host)
+          if (draining.length !== s.draining.length)
+            yield* Effect.logInfo("host undrained").pipe(Effect.annotateLogs({ host: m.host }))
+          const settled = yield* settle(s, { ...s, draining }, ctx)
+          return { ...settled, reply: hostViews(settled.state, m.host) }
+        }
+        case "Hosts":
+          return { state: s, reply: hostViews(s) }
         case "Tick": {
           const hosts = yield* liveHosts(ctx.now)
           const live = new Set<string>(hosts.map((h) => h.id))
@@ -292,7 +332,7 @@ export const make = (deps: SchedulerDeps) => {
             if (live.has(offer.host)) offered[run] = offer
             else queue = insert(queue, offer.waiting)
           }
-          let state: SchedulerState = { queue, offered, placed, suspect }
+          let state: SchedulerState = { queue, offered, placed, suspect, draining: s.draining }
           if (state.queue.length > 0) {
             const result = place(state, hosts)
             state = result.state

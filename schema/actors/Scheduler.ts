@@ -10,6 +10,10 @@
  *   Freed    (host agent)  a machine went away: room to place the next runs
  *   Tick     (own timer)   re-reads the live hosts every `tickMs` while anything waits or runs:
  *                          new hosts get work, runs on a host that stopped beating fail
+ *   Drain    (operator)    ask: the host takes no new runs (its running ones go on); answers
+ *                          `DrainAnswer` (idempotent)
+ *   Undrain  (operator)    ask: the host takes runs again; answers `DrainAnswer` (idempotent)
+ *   Hosts    (operator)    ask: answers `DrainAnswer` for every host draining or holding runs
  *
  * Placement: strictly first come, first served — the oldest waiting run is placed on the live host
  * with the most free vCPUs that fits its vCPUs and memory (free as the host's record says, less what
@@ -42,8 +46,21 @@ export const Placed = Schema.TaggedStruct("Placed", { run: RunId, host: Schema.S
 export const Refused = Schema.TaggedStruct("Refused", { run: RunId, host: Schema.String })
 export const Freed = Schema.TaggedStruct("Freed", { run: RunId, host: Schema.String })
 export const Tick = Schema.TaggedStruct("Tick", {})
+export const Drain = Schema.TaggedStruct("Drain", { host: Schema.String })
+export const Undrain = Schema.TaggedStruct("Undrain", { host: Schema.String })
+export const Hosts = Schema.TaggedStruct("Hosts", {})
 
-export const SchedulerMessage = Schema.Union(Enqueue, Dequeue, Placed, Refused, Freed, Tick)
+export const SchedulerMessage = Schema.Union(
+  Enqueue,
+  Dequeue,
+  Placed,
+  Refused,
+  Freed,
+  Tick,
+  Drain,
+  Undrain,
+  Hosts,
+)
 export type SchedulerMessage = typeof SchedulerMessage.Type
 
 /** The scheduler's state. */
@@ -64,10 +81,24 @@ export const SchedulerState = Schema.Struct({
   suspect: Schema.optionalWith(Schema.Record({ key: Schema.String, value: Schema.Number }), {
     default: () => ({}),
   }),
+  /** Hosts an operator drained: offered nothing until undrained (sorted). */
+  draining: Schema.optionalWith(Schema.Array(Schema.String), { default: () => [] }),
 })
 export type SchedulerState = typeof SchedulerState.Type
 
-export const initialState: SchedulerState = { queue: [], offered: {}, placed: {}, suspect: {} }
+export const initialState: SchedulerState = { queue: [], offered: {}, placed: {}, suspect: {}, draining: [] }
+
+/** One host as the scheduler sees it: drained or not, and the runs it holds (placed or offered). */
+export const HostView = Schema.Struct({
+  host: Schema.String,
+  draining: Schema.Boolean,
+  runs: Schema.Array(Schema.String),
+})
+export type HostView = typeof HostView.Type
+
+/** The answer to `Drain` and `Undrain` (that host), and to `Hosts` (every host it knows of). */
+export const DrainAnswer = Schema.Struct({ hosts: Schema.Array(HostView) })
+export type DrainAnswer = typeof DrainAnswer.Type
 
 /** The scheduler as senders see it; its handler runs in the actors role (`Scheduler.ts`). */
 export const Scheduler = ActorDef.make({
