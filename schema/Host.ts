@@ -74,9 +74,19 @@ export const isLive = (host: HostRecord, now: number, staleMs: number = hostStal
 // `<distro>-<release>-<yyyymmdd>-<hash>`: the date is the token before the hash.
 const dateOf = (name: string): string => name.split("-").at(-2) ?? ""
 
+// Debian's releases, newest first. A host builds all its bases on the same day, so among bases of
+// one date the newer release comes first and is "the newest base" (the default of publishing);
+// a release not listed here comes after them, by name.
+const releases = ["duke", "forky", "trixie", "bookworm", "bullseye", "buster"]
+const rankOf = (name: string): number => {
+  const rank = releases.indexOf(name.split("-")[1] ?? "")
+  return rank < 0 ? releases.length : rank
+}
+
 /**
  * The bases known to any of `hosts` (pass only live ones), one item per name, newest first: by the
- * date in the name, then by name (ascending, so the order is total and stable).
+ * date in the name, then by release (newer first), then by name (ascending, so the order is total
+ * and stable).
  */
 export const listBases = (hosts: ReadonlyArray<HostRecord>): ReadonlyArray<BaseInfo> => {
   const byName = new Map<string, BaseInfo>()
@@ -90,6 +100,9 @@ export const newestFirst = (a: string, b: string): number => {
   const da = dateOf(a)
   const db = dateOf(b)
   if (da !== db) return da < db ? 1 : -1
+  const ra = rankOf(a)
+  const rb = rankOf(b)
+  if (ra !== rb) return ra - rb
   return a < b ? -1 : a > b ? 1 : 0
 }
 

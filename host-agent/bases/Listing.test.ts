@@ -95,7 +95,7 @@ describe("bases listing", () => {
     }),
   )
 
-  it("listBases: the union over hosts, one item per name, newest date first, then by name", () => {
+  it("listBases: the union over hosts, one item per name, newest date first, then newer release, then by name", () => {
     const older = base("debian-bookworm-20250101-aaaaaaaaaaaa")
     const newerB = base("debian-bookworm-20260301-bbbbbbbbbbbb")
     const newerT = base("debian-trixie-20260301-cccccccccccc")
@@ -105,9 +105,19 @@ describe("bases listing", () => {
       host("h2", [newerT, newest, newerB]),
       host("h3", []),
     ])
-    expect(listed.map((b) => b.name)).toEqual([newest.name, newerB.name, newerT.name, older.name])
+    expect(listed.map((b) => b.name)).toEqual([newest.name, newerT.name, newerB.name, older.name])
     expect(listed[0]).toEqual({ name: newest.name, sha256: newest.sha256, bytes: newest.bytes })
     expect(Listing.listBases([])).toEqual([])
+    // Built the same day (a host's first start): the newer release first, unknown ones after by name.
+    const sameDay = ["debian-bookworm", "debian-trixie", "other-sid", "alpine-edge"].map((r) =>
+      base(`${r}-20260501-eeeeeeeeeeee`),
+    )
+    expect(Listing.listBases([host("h1", sameDay)]).map((b) => b.name)).toEqual([
+      "debian-trixie-20260501-eeeeeeeeeeee",
+      "debian-bookworm-20260501-eeeeeeeeeeee",
+      "alpine-edge-20260501-eeeeeeeeeeee",
+      "other-sid-20260501-eeeeeeeeeeee",
+    ])
   })
 
   it("buildingBases: what live hosts build and none has finished, newest first", () => {
