@@ -3,17 +3,21 @@
  * (its CLI, spawned with `-j`), against one real nats-server:
  *
  * - bare uWS: the same bytes as `/v1/health` from a bare route (the baseline);
- * - `GET /v1/health` through the full gateway (routing, rate limit, request id, an Effect fiber per
- *   request, the access log rendered as JSON and discarded);
- * - `GET /v1/tools` with an admin key: authenticated (token hash, key cache, account record);
- * - `GET /v1/account` with the owner's ID token and `Service-Account`: a person (JWT verification,
- *   membership). The spec gives this route to people only, so an admin key gets `people_only`;
+ * - `GET /v1/health` through the full gateway (routing, rate limit, request id, the access log
+ *   rendered as JSON and discarded; answered inside uWS's callback, `Route.now`);
+ * - `GET /v1/tools` with an admin key: authenticated (token hash, key cache, account record, all
+ *   from memory);
+ * - `GET /v1/account` with the owner's ID token and `Service-Account`: a person (verified token,
+ *   person, membership, account and the account actor's balance and webhook key, from the watched
+ *   caches). The spec gives this route to people only, so an admin key gets `people_only`;
  * - `GET /v1/tools` with the admin key paced at 1,000 requests/s, for p99 under a steady load
  *   (over 50 and over 10 connections: autocannon paces each connection alone, so many connections
  *   arrive as bursts).
  *
- * It prints requests/s, p50/p99 and each target's ratio to the bare route. Both sides share the
- * machine's two cores with the load generator; read the ratios. Stops by itself in about a minute.
+ * It prints requests/s, p50/p99, each target's ratio to the bare route, and the CPU time this
+ * process (the gateway, or the bare route) spent per request: on a shared machine the ratios move
+ * with whatever else runs, the CPU per request much less. Both sides share the machine's two cores
+ * with the load generator; read the ratios. Stops by itself in about a minute.
  *
  *   node --import tsx bench/gateway.ts [seconds per target, default 6] [connections, default 50]
  */
@@ -43,6 +47,8 @@ interface Figures {
   readonly p99: number
   readonly errors: number
   readonly non2xx: number
+  /** This process's CPU time (user + system) per request, in µs, warm-up included. */
+  readonly cpuUs: number
 }
 
 // autocannon in its own process, so the load generator does not share this event loop.
@@ -52,6 +58,7 @@ const drive = (
   options: { readonly rate?: number; readonly connections?: number } = {},
 ): Promise<Figures> =>
   new Promise((resolve, reject) => {
+    const cpu = process.cpuUsage()
     const args = [
       "-j",
       "-c",
@@ -75,12 +82,14 @@ const drive = (
       if (code !== 0) return reject(new Error(`autocannon exited with ${code}`))
       // With a warm-up, autocannon prints the warm-up's result first; the last line is the run.
       const r = JSON.parse(out.trim().split("\n").at(-1)!)
+      const used = process.cpuUsage(cpu)
       resolve({
         rps: r.requests.average,
         p50: r.latency.p50,
         p99: r.latency.p99,
         errors: r.errors + r.timeouts,
         non2xx: r.non2xx,
+        cpuUs: (used.user + used.system) / Math.max(1, r.requests.total),
       })
     })
   })
@@ -147,6 +156,8 @@ const main = async () => {
     // autocannon paces each connection on its own timer, so 50 connections arrive as bursts of 50;
     // 10 connections give the same 1,000 requests/s with smaller bursts.
     ["tools @1000/s, 10 c", await drive(`${gateway.url}/v1/tools`, admin, { rate: 1000, connections: 10 })],
+    // The baseline again: how much the machine's share moved during the run (the ratios use the first).
+    ["bare uWS, again", await drive(`http://127.0.0.1:${baseline.port}/v1/health`)],
   ]
   baseline.close()
   await Effect.runPromise(worker.stop)
@@ -159,7 +170,7 @@ const main = async () => {
   console.log(`${connections} connections, ${seconds} s each, autocannon in a child process`)
   for (const [name, f] of rows) {
     console.log(
-      `${name.padEnd(18)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   ratio ${(f.rps / base).toFixed(2)}   errors ${f.errors}   non-2xx ${f.non2xx}`,
+      `${name.padEnd(18)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   ratio ${(f.rps / base).toFixed(2)}   cpu ${f.cpuUs.toFixed(1).padStart(6)} µs/req   errors ${f.errors}   non-2xx ${f.non2xx}`,
     )
   }
 }
