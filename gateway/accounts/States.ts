@@ -6,16 +6,14 @@
  * made elsewhere is at most that moment behind. Only the shown part of a record is kept (records
  * carry up to a thousand applied entry ids).
  */
-import { Context, Effect, Layer, Option } from "effect"
-import type { ActorRecord } from "../../core/actors/Record.ts"
-import { recordSchema } from "../../core/actors/Record.ts"
+import { Context, Effect, Layer, Option, Schema } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import * as KvCache from "../../core/KvCache.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import {
   Account,
-  type AccountActorState,
+  AccountActorState,
   type BalanceReply,
   balanceOf,
   initialState,
@@ -30,8 +28,16 @@ export interface Shown {
   readonly webhookKey: string | undefined
 }
 
-const shownOf = (state: AccountActorState): Shown => ({
-  balance: balanceOf(state),
+// What is decoded of a stored record (`core/actors/Record.ts`): a struct schema passes over the
+// fields it does not name, so the applied ids and the outbox of every watched write are not decoded.
+const ShownRecord = Schema.Struct({
+  state: AccountActorState.pipe(Schema.pick("balance_usd_nanos", "minimum_balance_usd_nanos", "webhook_key")),
+})
+type ShownState = Pick<AccountActorState, "balance_usd_nanos" | "minimum_balance_usd_nanos" | "webhook_key">
+
+const shownOf = (state: ShownState): Shown => ({
+  // `balanceOf` reads the balance fields only; the rest of a state is not decoded here.
+  balance: balanceOf({ ...initialState, ...state }),
   webhookKey: state.webhook_key === undefined ? undefined : publicKeyOf(state.webhook_key),
 })
 
@@ -52,12 +58,8 @@ export class AccountStates extends Context.Tag("gateway/AccountStates")<
 /** Starts the watch on the account actors' records for the life of the layer. */
 export const make = Effect.gen(function* () {
   const { names } = yield* Storage
-  const records = yield* Kv.make(names.kv.actors.name, recordSchema(Account))
-  const cache = yield* KvCache.make(
-    records,
-    kvKeys.actorsOf(Account.name),
-    (r: ActorRecord<AccountActorState>) => shownOf(r.state),
-  )
+  const records = yield* Kv.make(names.kv.actors.name, ShownRecord)
+  const cache = yield* KvCache.make(records, kvKeys.actorsOf(Account.name), (r) => shownOf(r.state))
   return {
     get: (account) =>
       Effect.map(
