@@ -17,6 +17,8 @@
  *   hangar admin drain --host ID                            → {host, draining: true, runs}
  *     (the host takes no new runs; its running ones go on: stop it once `runs` is empty)
  *   hangar admin undrain --host ID                          → {host, draining: false, runs}
+ *   hangar admin watch [--account ID] [--run ID] [--count N] → one operator event a line (JSON; a
+ *     compact line on a terminal), live, until interrupted or N events (then nothing more)
  *
  * Exit status: 0 worked, 2 wrong command or arguments, 4 anything else.
  */
@@ -30,8 +32,9 @@ import * as Log from "../core/Log.ts"
 import type { AccountState } from "../schema/Account.ts"
 import { Email } from "../schema/Account.ts"
 import { HostId } from "../schema/Host.ts"
-import { AccountId } from "../schema/Ids.ts"
+import { AccountId, RunId } from "../schema/Ids.ts"
 import * as AdminHosts from "./adminHosts.ts"
+import * as AdminWatch from "./adminWatch.ts"
 
 /** Usage of the admin commands. */
 export const usage = `usage:
@@ -42,7 +45,8 @@ export const usage = `usage:
   hangar admin credit --account ID --usd N
   hangar admin hosts
   hangar admin drain --host ID
-  hangar admin undrain --host ID`
+  hangar admin undrain --host ID
+  hangar admin watch [--account ID] [--run ID] [--count N]`
 
 class UsageError extends Error {}
 
@@ -191,12 +195,28 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
       return AdminHosts.drain(hostId(flags(rest, ["host"]).host!))
     case "undrain":
       return AdminHosts.undrain(hostId(flags(rest, ["host"]).host!))
+    case "watch": {
+      const f = flags(rest, [], ["account", "run", "count"])
+      if (f.run !== undefined && !Schema.is(RunId)(f.run)) throw new UsageError(`not a run id: ${f.run}`)
+      const count = f.count === undefined ? undefined : Number(f.count)
+      if (count !== undefined && !(Number.isInteger(count) && count >= 1 && count <= 1_000_000))
+        throw new UsageError(`--count must be a whole number from 1 to 1000000: ${f.count}`)
+      const watched = AdminWatch.watch(
+        { account: f.account === undefined ? undefined : accountId(f.account), run: f.run, count },
+        (line) => process.stdout.write(`${line}\n`),
+      )
+      // The events are the output: nothing is printed after them.
+      return Effect.as(watched, noResult)
+    }
     default:
       throw new UsageError(
         command === undefined ? "no admin command given" : `unknown admin command: ${command}`,
       )
   }
 }
+
+/** A command whose output is already written: `main` prints no result after it. */
+const noResult = Symbol("no result")
 
 const describe = (cause: Cause.Cause<unknown>): string => {
   const failure = Cause.failureOption(cause)
@@ -219,7 +239,7 @@ export const main = (args: ReadonlyArray<string>): void => {
   }
   Effect.runPromiseExit(fx.pipe(Effect.provide(Log.layer))).then((exit) => {
     if (Exit.isSuccess(exit)) {
-      process.stdout.write(`${JSON.stringify(exit.value)}\n`)
+      if (exit.value !== noResult) process.stdout.write(`${JSON.stringify(exit.value)}\n`)
       process.exit(0)
     }
     process.stderr.write(`hangar admin: ${describe(exit.cause)}\n`)

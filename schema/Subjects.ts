@@ -139,6 +139,8 @@ export interface StorageNames {
     readonly events: (account: string, run: string) => string
     /** `evt.<account>.*`: events of every run of an account. */
     readonly eventsAccount: (account: string) => string
+    /** `evt.<account or *>.<run or *>`: what `hangar admin watch` follows (undefined = every one). */
+    readonly eventsWatch: (account: string | undefined, run: string | undefined) => string
   }
 }
 
@@ -209,6 +211,9 @@ export const storageNames = (prefix = ""): StorageNames => {
       events: (account, run) => subject("evt", token(account), token(run)),
       // evt.<account>.*
       eventsAccount: (account) => subject("evt", token(account), "*"),
+      // evt.<account|*>.<run|*>
+      eventsWatch: (account, run) =>
+        subject("evt", account === undefined ? "*" : token(account), run === undefined ? "*" : token(run)),
     },
   }
 }

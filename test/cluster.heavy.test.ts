@@ -11,9 +11,11 @@ import { Effect, Fiber, Layer, Logger, LogLevel, Option, Schedule, Schema, type 
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as Kv from "../core/Kv.ts"
 import * as Nats from "../core/Nats.ts"
+import * as OperatorEvents from "../core/OperatorEvents.ts"
 import * as Storage from "../core/Storage.ts"
 import { Storage as StorageTag } from "../core/Storage.ts"
 import { derivedId } from "../host-agent/registry/HostSettings.ts"
+import type { OperatorEvent } from "../schema/OperatorEvent.ts"
 import { storageNames } from "../schema/Subjects.ts"
 import { freePort, type NatsCluster, startNatsCluster } from "./harness/NatsCluster.ts"
 import { uniquePrefix } from "./harness/names.ts"
@@ -302,6 +304,24 @@ describe("a 3-node NATS cluster", () => {
       for (const run of runs) {
         const ended = await waitRun(stack, acct, run, { timeoutMs: 60_000 })
         expect(ended, problems(stack)).toMatchObject({ state: "succeeded", output: { file_count: 1 } })
+      }
+      // Operators saw each state change and each command's end once, on evt.<account>.<run>.
+      for (const run of runs) {
+        const deadline = Date.now() + 15_000
+        let events: ReadonlyArray<OperatorEvent> = []
+        for (;;) {
+          events = await stack.run(OperatorEvents.stored(acct.id, run))
+          if (events.filter((e) => e.type === "command.ended").length >= 8 || Date.now() > deadline) break
+          await pause(200)
+        }
+        expect(events.flatMap((e) => (e.type === "run.state" ? [e.state] : []))).toEqual([
+          "queued",
+          "running",
+          "succeeded",
+        ])
+        const ends = events.flatMap((e) => (e.type === "command.ended" ? [e] : []))
+        expect(ends.map((e) => e.sequence).sort((a, b) => a - b)).toEqual([1, 2, 3, 4, 5, 6, 7, 8])
+        expect(new Set(ends.map((e) => e.state))).toEqual(new Set(["succeeded"]))
       }
       // The runs were spread over the hosts (the run record names the host that took it).
       const hosts = await stack.run(

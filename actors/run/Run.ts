@@ -49,6 +49,7 @@ import * as State from "../../core/actors/State.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Nats, type NatsError } from "../../core/Nats.ts"
+import * as OperatorEvents from "../../core/OperatorEvents.ts"
 import { Storage } from "../../core/Storage.ts"
 import { Account, type AccountActorState, type Charge } from "../../schema/actors/Account.ts"
 import * as Actor from "../../schema/actors/Actor.ts"
@@ -254,6 +255,20 @@ export const make = (deps: RunDeps) => {
         }
         const found = current.right
         if (Option.isSome(found) && found.value.value.seq > run.seq) return
+        // A state change: operators hear of it first, so a write that fails and is retried
+        // publishes again (stored once: the event's id is the run and the state).
+        if (Option.isNone(found) || found.value.value.state !== run.state)
+          yield* provide(
+            OperatorEvents.publish({
+              type: "run.state",
+              v: 1,
+              at: run.ended_at ?? run.started_at ?? run.created_at,
+              account: run.account,
+              run: run.id,
+              state: run.state,
+              ...(run.failure === undefined ? {} : { failure: run.failure }),
+            }),
+          )
         // Revision 0 creates: two first writes cannot both succeed.
         const revision = Option.isSome(found) ? found.value.revision : 0
         const written = yield* Effect.either(kv.update(key, run, revision))
@@ -267,6 +282,7 @@ export const make = (deps: RunDeps) => {
    * undefined to leave it. The record as it stands afterwards, or none when there is none.
    */
   const modifyCommand = (
+    account: string,
     run: string,
     sequence: number,
     f: (record: CommandRecord) => CommandRecord | undefined,
@@ -280,7 +296,16 @@ export const make = (deps: RunDeps) => {
         const next = f(current.value.value)
         if (next === undefined) return Option.some(current.value.value)
         const written = yield* Effect.either(kv.update(key, next, current.value.revision))
-        if (Either.isRight(written)) return Option.some(next)
+        if (Either.isRight(written)) {
+          // This write ended it: operators hear of it (the record stays the truth).
+          if (!endedCommandStates.has(current.value.value.state))
+            yield* provide(
+              OperatorEvents.publishAfterWrite(
+                OperatorEvents.commandEnded(account, next, next.ended_at ?? ""),
+              ),
+            )
+          return Option.some(next)
+        }
         if (!isConflict(written.left) || attempt >= 9) return yield* Effect.fail(written.left)
       }
     })
@@ -291,11 +316,11 @@ export const make = (deps: RunDeps) => {
       : ({ ...record, state: "cancelled", ended_at: at } as CommandRecord)
 
   /** Marks every command of the run that has not ended `cancelled`. */
-  const cancelOpenCommands = (s: RunActorState, run: string, at: Timestamp) =>
+  const cancelOpenCommands = (s: RunActorState, account: string, run: string, at: Timestamp) =>
     Effect.forEach(
       Array.from({ length: s.next_sequence - 1 }, (_, i) => i + 1),
       (sequence) =>
-        modifyCommand(run, sequence, cancelled(at)).pipe(
+        modifyCommand(account, run, sequence, cancelled(at)).pipe(
           // One unreadable record must not keep the run from ending.
           Effect.catchTag("KvValueInvalid", (e) =>
             Effect.as(
@@ -395,7 +420,7 @@ export const make = (deps: RunDeps) => {
           }),
         )
       }
-      yield* cancelOpenCommands(s, run.id, endedAt)
+      yield* cancelOpenCommands(s, run.account, run.id, endedAt)
       if (hasAgent(run)) yield* stopAgent(run)
       yield* project(stored)
       yield* Effect.logInfo("run ended").pipe(
@@ -546,7 +571,7 @@ export const make = (deps: RunDeps) => {
           if (run.host === undefined) {
             // No machine has seen the command: it ends here (a queued run, or one that ended queued).
             const at = timestamp(ctx.now)
-            const record = yield* modifyCommand(run.id, m.sequence, cancelled(at)).pipe(
+            const record = yield* modifyCommand(run.account, run.id, m.sequence, cancelled(at)).pipe(
               Effect.mapError((e) =>
                 e._tag === "KvValueInvalid" ? e : retryable("cancelling the command")(e),
               ),
@@ -645,7 +670,7 @@ export const make = (deps: RunDeps) => {
               const deadline = commandDeadline(record, s.ready_at)
               if (deadline !== undefined && deadline <= now) {
                 // Its host never reported its end: it fails here, and the host is told to kill it.
-                const failed = yield* modifyCommand(run.id, seq, (r) =>
+                const failed = yield* modifyCommand(run.account, run.id, seq, (r) =>
                   endedCommandStates.has(r.state)
                     ? undefined
                     : ({

@@ -57,6 +57,7 @@ import * as Kv from "../../core/Kv.ts"
 import { Links } from "../../core/Links.ts"
 import type { Nats } from "../../core/Nats.ts"
 import * as ObjectStore from "../../core/ObjectStore.ts"
+import * as OperatorEvents from "../../core/OperatorEvents.ts"
 import { Seal } from "../../core/Seal.ts"
 import type { SealStream } from "../../core/SealStream.ts"
 import { Secrets } from "../../core/Secrets.ts"
@@ -331,6 +332,11 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             Effect.catchTag("StateConflict", () => Effect.succeed(Option.none<number>())),
           )
           if (Option.isSome(written)) {
+            // This write ended it: operators hear of it (the record stays the truth).
+            if (!endedCommandStates.has(t.record.state))
+              yield* OperatorEvents.publishAfterWrite(
+                OperatorEvents.commandEnded(run.account, next, next.ended_at ?? ""),
+              ).pipe(Effect.provide(services))
             t.revision = written.value
             t.record = next
             if (written.value > watched) ownWrites.add(written.value)
@@ -976,13 +982,13 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           if (Option.isNone(current) || current.value.value.id !== command) return
           if (endedCommandStates.has(current.value.value.state)) return
           const at = yield* now
-          yield* commands
-            .update(
-              kvKeys.command(runId, sequence),
-              { ...current.value.value, state: "cancelled", ended_at: at } as CommandRecord,
-              current.value.revision,
-            )
-            .pipe(Effect.catchTag("StateConflict", () => Effect.void))
+          const ended = { ...current.value.value, state: "cancelled", ended_at: at } as CommandRecord
+          yield* commands.update(kvKeys.command(runId, sequence), ended, current.value.revision).pipe(
+            Effect.zipRight(
+              OperatorEvents.publishAfterWrite(OperatorEvents.commandEnded(run.account, ended, at)),
+            ),
+            Effect.catchTag("StateConflict", () => Effect.void),
+          )
         }).pipe(
           Effect.catchAll((e) =>
             Effect.logWarning("command not cancelled").pipe(
