@@ -323,6 +323,33 @@ describe("runs", () => {
   })
 })
 
+describe("exec and Ctrl-C", () => {
+  it("SIGINT cancels the remote command (its processes killed) and exits 130; the run goes on", async () => {
+    const fn = (await publish(stack, acct, { name: "cli-sigint" })).function
+    const run = expectExit(await cli(["run", fn, "--prompt", "p", "--detach"]), 0).stdout.trim()
+    let signalled = false
+    const ran = expectExit(
+      await cli(["exec", run, "--", "echo sleeping; sleep 300"], {
+        onStdout: (chunk, child) => {
+          if (!signalled && chunk.includes("sleeping")) {
+            signalled = true
+            child.kill("SIGINT")
+          }
+        },
+      }),
+      130,
+    )
+    expect(ran.stderr).toContain("cancelled")
+    const commands = (await call(stack, "GET", `/v1/runs/${run}/commands`, acct.admin)).body
+      .commands as Array<Json>
+    const cancelled = commands.find((c) => c.kind === "bash" && c.state === "cancelled")
+    expect(cancelled, JSON.stringify(commands)).toBeDefined()
+    const left = await command(stack, acct, run, "bash", { command: "pgrep -x sleep | wc -l" })
+    expect(left.result.output.trim()).toBe("0")
+    await command(stack, acct, run, "finish", { state: "failed" })
+  })
+})
+
 describe("login", () => {
   it("a person approves the code; the key is saved 0600, used from then on, and never printed", async () => {
     const home = configHome()
