@@ -219,7 +219,10 @@ describe("a 3-node NATS cluster", () => {
       // connection error, a 503 or a 409 with Retry-After; a 500 is counted (there must be none).
       const post = async (gateway: number, path: string, body: unknown): Promise<Answer> => {
         const headers = { ...acct.admin, "idempotency-key": randomUUID() }
-        const deadline = Date.now() + 90_000
+        // Generous: once, under a loaded machine, asks to the actors went unanswered for over 90 s
+        // after the node came back (partitions re-reading R3 consumers); what is checked here is
+        // that everything ends and nothing is applied twice, not how fast the cluster recovers.
+        const deadline = Date.now() + 180_000
         for (let attempt = 0; ; attempt++) {
           const url = urls[(gateway + attempt) % urls.length]!
           const answer = await call({ url }, "POST", path, headers, body).catch(
@@ -342,6 +345,6 @@ describe("a 3-node NATS cluster", () => {
       console.log(`cluster runs: ${count} succeeded, ${retried} retried requests, on ${hosts.size} hosts`)
       expect(hosts.size).toBeGreaterThanOrEqual(2)
       expect(fives).toEqual([])
-    }, 300_000)
+    }, 480_000)
   })
 })
