@@ -28,6 +28,7 @@ import {
   expectStatus,
   type Json,
   publish,
+  publishProvider,
   request,
   type Stack,
   startRun,
@@ -135,30 +136,24 @@ beforeAll(async () => {
     },
   })
   acct = await createAccount(stack, { creditUsd: 100 })
-  const made = expectStatus(
-    await call(stack, "POST", "/v1/providers", acct.admin, {
-      name: "fake-openai",
-      model: { provider: "openai", model: "gpt-fake", compact_at_tokens: 8000 },
-      key: KEY,
-    }),
-    201,
-    "POST /v1/providers",
+  provider = await publishProvider(
+    stack,
+    acct,
+    "fake-openai",
+    { provider: "openai", model: "gpt-fake", compact_at_tokens: 8000 },
+    KEY,
   )
-  provider = `${made.id}@latest`
   for (const [vendor, model, compact] of [
     ["anthropic", "claude-sonnet-4-5-20250929", 50_000],
     ["google", "gemini-2.5-pro", 8000],
   ] as const) {
-    const p = expectStatus(
-      await call(stack, "POST", "/v1/providers", acct.admin, {
-        name: `fake-${vendor}`,
-        model: { provider: vendor, model, compact_at_tokens: compact },
-        key: KEY,
-      }),
-      201,
-      `POST /v1/providers ${vendor}`,
+    providers[vendor] = await publishProvider(
+      stack,
+      acct,
+      `fake-${vendor}`,
+      { provider: vendor, model, compact_at_tokens: compact },
+      KEY,
     )
-    providers[vendor] = `${p.id}@latest`
   }
 }, 180_000)
 
@@ -326,16 +321,14 @@ describe("the agent with OpenAI", () => {
   }, 120_000)
 
   it("with a reasoning model, each turn's reasoning goes back with its id and the item it led to, and the run succeeds", async () => {
-    const reasoning = expectStatus(
-      await call(stack, "POST", "/v1/providers", acct.admin, {
-        name: "fake-openai-reasoning",
-        model: { provider: "openai", model: "gpt-5", reasoning_effort: "medium", compact_at_tokens: 8000 },
-        key: KEY,
-      }),
-      201,
-      "POST /v1/providers",
+    const reasoning = await publishProvider(
+      stack,
+      acct,
+      "fake-openai-reasoning",
+      { provider: "openai", model: "gpt-5", reasoning_effort: "medium", compact_at_tokens: 8000 },
+      KEY,
     )
-    const fn = await agentFunction({ provider: `${reasoning.id}@latest` })
+    const fn = await agentFunction({ provider: reasoning })
     const from = openai.chats().length
     openai.replyToolCalls(
       [{ id: "call_r1", name: "bash", arguments: { command: "echo one > /workspace/out/result.txt" } }],
@@ -576,18 +569,16 @@ describe("quotas and rate limits", () => {
 
 describe("google web search with functions", () => {
   it("gemini 2.5 runs without search and says so in the run log; gemini 3 searches with the documented opt-in", async () => {
-    const three = expectStatus(
-      await call(stack, "POST", "/v1/providers", acct.admin, {
-        name: "fake-gemini-3",
-        model: { provider: "google", model: "gemini-3-pro-preview", compact_at_tokens: 8000 },
-        key: KEY,
-      }),
-      201,
-      "POST /v1/providers",
+    const three = await publishProvider(
+      stack,
+      acct,
+      "fake-gemini-3",
+      { provider: "google", model: "gemini-3-pro-preview", compact_at_tokens: 8000 },
+      KEY,
     )
     for (const [provider, searches] of [
       [providers.google, false],
-      [`${three.id}@latest`, true],
+      [three, true],
     ] as const) {
       const fn = await agentFunction({ provider, tools: ["bash", "read", "write", "edit", "web_search"] })
       const from = google.chats().length

@@ -25,6 +25,7 @@ import {
   expectStatus,
   type Json,
   publish,
+  publishProvider,
   type Stack,
   startRun,
   startStack,
@@ -59,16 +60,13 @@ beforeAll(async () => {
     },
   })
   acct = await createAccount(stack, { creditUsd: 100 })
-  const made = expectStatus(
-    await call(stack, "POST", "/v1/providers", acct.admin, {
-      name: "fake-openai",
-      model: { provider: "openai", model: "gpt-fake", compact_at_tokens: 50_000 },
-      key: KEY,
-    }),
-    201,
-    "POST /v1/providers",
+  provider = await publishProvider(
+    stack,
+    acct,
+    "fake-openai",
+    { provider: "openai", model: "gpt-fake", compact_at_tokens: 50_000 },
+    KEY,
   )
-  provider = `${made.id}@latest`
 }, 20 * 60_000)
 
 afterAll(async () => {

@@ -723,6 +723,16 @@ export const setLimits = (stack: Stack, account: string, memoryMib: number) =>
     }),
   )
 
+/** Publishes a provider named `name` with `model` and the vendor `key`; answers its `<id>@latest` reference. */
+export const publishProvider = async (
+  stack: Stack,
+  account: TestAccount,
+  name: string,
+  model: Record<string, unknown>,
+  key: string,
+): Promise<string> =>
+  `${expectStatus(await call(stack, "POST", "/v1/providers", account.admin, { name, model, key }), 201, `POST /v1/providers ${name}`).id}@latest`
+
 /** Publishes a function with `provider: "none"` on the test base, size `s` (overridable). */
 export const publish = async (
   stack: Stack,
