@@ -19,6 +19,8 @@
  *   hangar admin undrain --host ID                          → {host, draining: false, runs}
  *   hangar admin watch [--account ID] [--run ID] [--count N] → one operator event a line (JSON; a
  *     compact line on a terminal), live, until interrupted or N events (then nothing more)
+ *   hangar admin watch --hosts [--count N]                  → each host's record, then its changes,
+ *     one line each (`{type: "host", host, live, free_vcpus, …}` or `{type: "host.removed", host}`)
  *
  * Exit status: 0 worked, 2 wrong command or arguments, 4 anything else.
  */
@@ -46,7 +48,8 @@ export const usage = `usage:
   hangar admin hosts
   hangar admin drain --host ID
   hangar admin undrain --host ID
-  hangar admin watch [--account ID] [--run ID] [--count N]`
+  hangar admin watch [--account ID] [--run ID] [--count N]
+  hangar admin watch --hosts [--count N]`
 
 class UsageError extends Error {}
 
@@ -196,15 +199,24 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
     case "undrain":
       return AdminHosts.undrain(hostId(flags(rest, ["host"]).host!))
     case "watch": {
-      const f = flags(rest, [], ["account", "run", "count"])
+      // `--hosts` is the one flag without a value.
+      const hosts = rest.includes("--hosts")
+      const f = flags(
+        rest.filter((a) => a !== "--hosts"),
+        [],
+        hosts ? ["count"] : ["account", "run", "count"],
+      )
       if (f.run !== undefined && !Schema.is(RunId)(f.run)) throw new UsageError(`not a run id: ${f.run}`)
       const count = f.count === undefined ? undefined : Number(f.count)
       if (count !== undefined && !(Number.isInteger(count) && count >= 1 && count <= 1_000_000))
         throw new UsageError(`--count must be a whole number from 1 to 1000000: ${f.count}`)
-      const watched = AdminWatch.watch(
-        { account: f.account === undefined ? undefined : accountId(f.account), run: f.run, count },
-        (line) => process.stdout.write(`${line}\n`),
-      )
+      const print = (line: string) => process.stdout.write(`${line}\n`)
+      const watched = hosts
+        ? AdminWatch.watchHosts(count, print)
+        : AdminWatch.watch(
+            { account: f.account === undefined ? undefined : accountId(f.account), run: f.run, count },
+            print,
+          )
       // The events are the output: nothing is printed after them.
       return Effect.as(watched, noResult)
     }

@@ -8,6 +8,7 @@ import { join } from "node:path"
 import { promisify } from "node:util"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { hostRecord, removeHost, writeHost } from "../actors/run/testing.ts"
 import { clientLayer } from "../core/actors/testing/Harness.ts"
 import { makeId } from "../core/Ids.ts"
 import * as OperatorEvents from "../core/OperatorEvents.ts"
@@ -71,6 +72,56 @@ describe("hangar admin watch", () => {
       expect(e).toMatchObject({ type: "run.state", v: 1, account: mine, state: "queued" })
   }, 90_000)
 
+  it("--hosts prints each host as it is, then its changes, then its removal", async () => {
+    const host = `watch-${makeId("acc").slice(-8)}`
+    const inStore = <A, E>(fx: Effect.Effect<A, E, never>) => Effect.runPromise(fx)
+    const client = clientLayer(nats.url, prefix)
+    await inStore(
+      writeHost(hostRecord(host, { vcpus: 14, memory_mib: 8192 })).pipe(
+        Effect.provide(client),
+        Effect.scoped,
+      ),
+    )
+    const child = spawn(process.execPath, [bin, "admin", "watch", "--hosts", "--count", "3"], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    })
+    let stdout = ""
+    let lines = 0
+    const seen = (n: number) =>
+      new Promise<void>((resolve) => {
+        const check = () => {
+          if (lines >= n) resolve()
+          else setTimeout(check, 50)
+        }
+        check()
+      })
+    child.stdout.setEncoding("utf8").on("data", (c: string) => {
+      stdout += c
+      lines = stdout.split("\n").length - 1
+    })
+    const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)))
+    await seen(1)
+    await inStore(
+      writeHost({ ...hostRecord(host, { vcpus: 14, memory_mib: 8192 }), free_vcpus: 12 }).pipe(
+        Effect.provide(client),
+        Effect.scoped,
+      ),
+    )
+    await seen(2)
+    await inStore(removeHost(host).pipe(Effect.provide(client), Effect.scoped))
+    expect(await exited).toBe(0)
+    const printed = stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l))
+    expect(printed).toEqual([
+      expect.objectContaining({ type: "host", host, live: true, vcpus: 14, free_vcpus: 14, machines: 0 }),
+      expect.objectContaining({ type: "host", host, free_vcpus: 12 }),
+      { type: "host.removed", host },
+    ])
+  }, 90_000)
+
   it("refuses a bad account, run or count (2), nothing on stdout", async () => {
     for (const args of [
       ["--account", "nope"],
@@ -79,6 +130,8 @@ describe("hangar admin watch", () => {
       ["--count", "1000001"],
       ["--count", "1.5"],
       ["--follow", "x"],
+      ["--hosts", "--account", "acc_x"],
+      ["--hosts", "--count", "0"],
     ]) {
       const refused = await promisify(execFile)(process.execPath, [bin, "admin", "watch", ...args], {
         env,
