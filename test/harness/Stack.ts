@@ -330,6 +330,8 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     HOST_VCPUS: String(options.hostVcpus ?? 2),
     HOST_MEMORY_MIB: String(options.hostMemoryMib ?? 8192),
     HOST_HEARTBEAT_MS: "1000",
+    // The host offers the slim test base it is given (`base`), also outside vitest (the benches).
+    BASES: "debian-bookworm-slim",
     // Machines reach no real network (a deployed host agent's default is the default route).
     MACHINE_UPLINKS: "none",
     MACHINE_MASQUERADE: "false",
