@@ -35,6 +35,29 @@ const ms = (n: number) => `${n.toFixed(2)} ms`
 const COMPILE = `set -e; cd "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')"
 python3 -m compileall -q -f asyncio email json http xml logging unittest concurrent > /dev/null`
 
+/** A machine on `base`, its session, and its first `bash true`; pushes the time that took to `into`. */
+const readyOn = (
+  driver: MachineDriverService,
+  base: Base,
+  keys: ReturnType<typeof newKeys>,
+  label: string,
+  into: Array<number>,
+) =>
+  Effect.gen(function* () {
+    const t0 = performance.now()
+    const machine = yield* scopedOn(driver, {
+      id: testId(label),
+      size: "s",
+      base: base.rootfs,
+      authorizedKey: keys.client.public,
+      hostKey: keys.host.private,
+    })
+    const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+    yield* guest.bash({ command: "true" })
+    into.push(performance.now() - t0)
+    return guest
+  })
+
 const measure = (label: string, driver: MachineDriverService) =>
   Effect.gen(function* () {
     const base = yield* Effect.promise(() => ensureTestBase())
@@ -42,22 +65,7 @@ const measure = (label: string, driver: MachineDriverService) =>
     const ready: Array<number> = []
     const rtt: Array<number> = []
     const compile: Array<number> = []
-    // A machine, its session, and its first `bash true`; pushes the time that took to `into`.
-    const readyMachine = (label: string, into: Array<number>) =>
-      Effect.gen(function* () {
-        const t0 = performance.now()
-        const machine = yield* scopedOn(driver, {
-          id: testId(label),
-          size: "s",
-          base: base.rootfs,
-          authorizedKey: keys.client.public,
-          hostKey: keys.host.private,
-        })
-        const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
-        yield* guest.bash({ command: "true" })
-        into.push(performance.now() - t0)
-        return guest
-      })
+    const readyMachine = (label: string, into: Array<number>) => readyOn(driver, base, keys, label, into)
     for (let i = 0; i < machines; i++) {
       yield* Effect.scoped(
         Effect.gen(function* () {
@@ -106,17 +114,7 @@ const byBase = (driver: MachineDriverService, slim: Base, full: ReadonlyArray<Ba
       for (let i = 0; i < machines; i++) {
         yield* Effect.scoped(
           Effect.gen(function* () {
-            const t0 = performance.now()
-            const machine = yield* scopedOn(driver, {
-              id: testId(`base${i}`),
-              size: "s",
-              base: base.rootfs,
-              authorizedKey: keys.client.public,
-              hostKey: keys.host.private,
-            })
-            const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private })
-            yield* guest.bash({ command: "true" })
-            ready.push(performance.now() - t0)
+            const guest = yield* readyOn(driver, base, keys, `base${i}`, ready)
             if (base === slim) return
             const t1 = performance.now()
             const r = yield* guest.bash({ command: "screenshot /tmp/screen.png" })

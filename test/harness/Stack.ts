@@ -29,7 +29,6 @@ import { createHash, randomBytes } from "node:crypto"
 import { appendFileSync } from "node:fs"
 import { mkdtemp, rm } from "node:fs/promises"
 import http from "node:http"
-import net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { gzipSync } from "node:zlib"
@@ -64,6 +63,7 @@ import { derivedId } from "../../host-agent/registry/HostSettings.ts"
 import * as Relay from "../../relay/main.ts"
 import type { BaseInfo } from "../../schema/Base.ts"
 import { HostRecord } from "../../schema/Host.ts"
+import { freePort } from "./NatsCluster.ts"
 import { startNatsServer } from "./NatsServer.ts"
 import { uniquePrefix } from "./names.ts"
 
@@ -255,17 +255,6 @@ const endChild = (child: ChildProcess, signal: NodeJS.Signals) =>
       resolve()
     })
     child.kill(signal)
-  })
-
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const server = net.createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address()
-      const port = typeof address === "object" && address !== null ? address.port : 0
-      server.close(() => resolve(port))
-    })
   })
 
 // A role that has not closed in this long is left (the test then reports what it left behind). On
