@@ -66,7 +66,7 @@ const agents = Supervisor.layer.pipe(
 
 /** The worker with its actor types and the agent supervisor; needs the process's NATS connection and storage. */
 export const layer = agents.pipe(
-  Layer.provideMerge(Layer.unwrapEffect(Effect.map(actors, (list) => Worker.layer(list)))),
+  Layer.provideMerge(Layer.unwrapScoped(Effect.map(actors, (list) => Worker.layer(list)))),
   Layer.tap(() => Effect.logInfo("actor worker ready").pipe(Effect.annotateLogs({ role: "actors" }))),
   Layer.provide(Layer.mergeAll(sealLayer, Mailbox.layer, Links.layer)),
   Layer.provide(

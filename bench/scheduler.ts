@@ -7,8 +7,8 @@
  * - the actor: the one scheduler instance on a real nats-server and a real worker, N `Enqueue`
  *   messages sent at once (64 in flight); the rate is N over the time from the first send until
  *   the scheduler's stored state has offered all N (each offer is a `Place` in a host's mailbox).
- *   Every message the handler takes reads the live hosts (the keys, then each record), which is
- *   what bounds it; group commit writes the state once per group of messages.
+ *   The hosts come from the worker's watched cache; a group of messages (up to 64) is placed in
+ *   one pass by its last message, its state encoded and written once. Goal: ≥ 1,000/s.
  *
  * Run: node --import tsx bench/scheduler.ts [N]   (N ≤ 1,400; default 1,000)
  */
@@ -43,7 +43,7 @@ const waiting = (i: number): Waiting => ({
 // 1. The rule alone: N runs placed one message at a time (as the actor does: one `place` per Enqueue).
 const pure = () => {
   const hosts = hostIds.map((id) => hostRecord(id, { vcpus: 14, memory_mib: 14 * 4_096 }))
-  let state: SchedulerState = { queue: [], offered: {}, placed: {}, suspect: {}, draining: [] }
+  let state: SchedulerState = { queue: [], offered: {}, placed: {}, room: {}, suspect: {}, draining: [] }
   const started = performance.now()
   for (let i = 0; i < N; i++) state = place({ ...state, queue: [waiting(i)] }, hosts).state
   const ms = performance.now() - started

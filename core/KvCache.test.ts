@@ -108,4 +108,36 @@ layer(layerAll())("KvCache", (it) => {
       expect(cache.peek(key)).toEqual(Option.some("n=2"))
     }),
   )
+
+  it.scoped(
+    "complete: all holds every key under the filter, those there before and those written after",
+    () =>
+      Effect.gen(function* () {
+        const writer = yield* bucket
+        const prefix = uniqueName("all")
+        yield* writer.put(`${prefix}.a`, { n: 1 })
+        yield* writer.put(`${prefix}.b`, { n: 2 })
+        yield* writer.put(`${uniqueName("other")}.c`, { n: 3 })
+        const plain = yield* KvCache.make(yield* bucket, `${prefix}.*`)
+        // Without `complete` there is no whole view to answer from.
+        expect(plain.all()).toBeUndefined()
+        const cache = yield* KvCache.make(yield* bucket, `${prefix}.*`, (v) => v.n, { complete: true })
+        const seen = (want: Record<string, number>) =>
+          eventually(
+            Effect.sync(() => cache.all()),
+            (m) => m !== undefined && JSON.stringify(Object.fromEntries(m)) === JSON.stringify(want),
+          ).pipe(Effect.map((m) => (m === undefined ? undefined : Object.fromEntries(m))))
+        expect(yield* seen({ [`${prefix}.a`]: 1, [`${prefix}.b`]: 2 })).toEqual({
+          [`${prefix}.a`]: 1,
+          [`${prefix}.b`]: 2,
+        })
+        yield* writer.put(`${prefix}.c`, { n: 4 })
+        yield* writer.delete(`${prefix}.a`)
+        yield* writer.put(`${prefix}.b`, { n: 5 })
+        expect(yield* seen({ [`${prefix}.b`]: 5, [`${prefix}.c`]: 4 })).toEqual({
+          [`${prefix}.b`]: 5,
+          [`${prefix}.c`]: 4,
+        })
+      }),
+  )
 })

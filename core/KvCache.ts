@@ -13,6 +13,10 @@
  *
  * The watch delivers updates only; values enter the cache when first read. Memory grows with the
  * number of distinct keys read, which for accounts, people, memberships and keys is small.
+ *
+ * With `complete`, every key under the filter is read once the watch is subscribed (and again after
+ * each restart of the watch), so the cache holds the whole view and `all` answers it from memory:
+ * for a small set read whole on a hot path (the hosts, for the scheduler).
  */
 import { Deferred, Effect, Option, Schedule, type Scope, Stream } from "effect"
 import type { Kv, KvValueInvalid } from "./Kv.ts"
@@ -37,6 +41,17 @@ export interface KvCache<A> {
     test: (value: A | undefined) => boolean,
     timeoutMs: number,
   ) => Effect.Effect<void>
+  /**
+   * Every present value under the filter, by key, from memory: only with `complete`, while the
+   * watch is live and the keys it found on subscribing are all read; `undefined` otherwise (read KV).
+   */
+  readonly all: () => ReadonlyMap<string, A> | undefined
+}
+
+/** How a cache is kept. */
+export interface KvCacheOptions {
+  /** Read every key under the filter when the watch starts, so `all` can answer (default false). */
+  readonly complete?: boolean
 }
 
 interface Cached<A> {
@@ -53,10 +68,12 @@ export const make = <S, A = S>(
   kv: Kv<S>,
   filter = ">",
   view: (stored: S) => A = (stored) => stored as unknown as A,
+  options: KvCacheOptions = {},
 ): Effect.Effect<KvCache<A>, never, Scope.Scope> =>
   Effect.gen(function* () {
     const cache = new Map<string, Cached<A>>()
     let live = false
+    let loaded = false
     let generation = 0
     const ready = yield* Deferred.make<void>()
 
@@ -73,6 +90,20 @@ export const make = <S, A = S>(
         const changes = yield* kv.watchScoped(filter, { include: "updates" })
         live = true
         yield* Deferred.succeed(ready, undefined)
+        if (options.complete === true) {
+          // Every key there now, read after subscribing: a write from here on also comes by the
+          // watch, and the newer revision wins whichever arrives first.
+          yield* Effect.forEach(
+            yield* kv.keys(filter),
+            (key) =>
+              Effect.map(kv.get(key), (found) => {
+                if (Option.isSome(found))
+                  apply(key, { revision: found.value.revision, value: view(found.value.value) })
+              }),
+            { concurrency: 8, discard: true },
+          )
+          loaded = true
+        }
         yield* Stream.runForEach(changes, (c) =>
           Effect.sync(() =>
             apply(c.key, { revision: c.revision, value: c._tag === "Put" ? view(c.value) : undefined }),
@@ -83,6 +114,7 @@ export const make = <S, A = S>(
       Effect.ensuring(
         Effect.sync(() => {
           live = false
+          loaded = false
           generation++
           cache.clear()
         }),
@@ -149,5 +181,12 @@ export const make = <S, A = S>(
         return Effect.sync(forget)
       })
 
-    return { get, peek, settled }
+    const all: KvCache<A>["all"] = () => {
+      if (!live || !loaded) return undefined
+      const present = new Map<string, A>()
+      for (const [key, c] of cache) if (c.value !== undefined) present.set(key, c.value)
+      return present
+    }
+
+    return { get, peek, settled, all }
   })

@@ -74,6 +74,7 @@ export const startRunWorker = (
         nats,
         storage,
         settings: { ...SchedulerActor.SchedulerSettings.defaults, ...options.scheduler },
+        scope,
       }),
     ]
     const worker = yield* startWorker(url, prefix, actors, { ...fast, ...options.actor }, options.faults)

@@ -16,6 +16,7 @@ import { type Create, Run } from "../../schema/actors/Run.ts"
 import { Scheduler, type SchedulerState, schedulerId, type Waiting } from "../../schema/actors/Scheduler.ts"
 import { timestamp } from "../../schema/Common.ts"
 import type { Size } from "../../schema/Definition.ts"
+import type { HostRecord } from "../../schema/Host.ts"
 import type { AccountId, BaseName, FunctionId, KeyId, RunId } from "../../schema/Ids.ts"
 import { sizes } from "../../schema/Limits.ts"
 import type { StoredRun } from "../../schema/Run.ts"
@@ -150,7 +151,10 @@ describe("scheduler", () => {
         expect(queue.map((w) => w.run)).toEqual([a.run, b.run, c.run])
         const big = hostRecord("big", { vcpus: 4, memory_mib: 16_384 })
         const small = hostRecord("small", { vcpus: 3, memory_mib: 16_384 })
-        const result = place({ queue, offered: {}, placed: {}, suspect: {}, draining: [] }, [small, big])
+        const result = place({ queue, offered: {}, placed: {}, room: {}, suspect: {}, draining: [] }, [
+          small,
+          big,
+        ])
         // a (2 vCPUs) → big (4 free); b (1) → small (3 free vs 2 left on big); c (4) fits nowhere.
         expect(result.send.map((o) => [o.id, (o.message as { run: string }).run])).toEqual([
           ["big", a.run],
@@ -165,6 +169,7 @@ describe("scheduler", () => {
             queue: [c],
             offered: { [a.run]: { host: "big", waiting: a } },
             placed: {},
+            room: {},
             suspect: {},
             draining: [],
           },
@@ -176,15 +181,33 @@ describe("scheduler", () => {
             queue: [b],
             offered: { [a.run]: { host: "big", waiting: a } },
             placed: {},
+            room: {},
             suspect: {},
             draining: [],
           },
           [big],
         )
         expect(freeBig.send.map((o) => o.id)).toEqual(["big"])
+        // A placed run counts the same way: against a record that does not list it yet, once
+        // against one that does (a record read from memory may be a moment behind the `Placed`).
+        const placedThere = (next: Waiting, hosts: ReadonlyArray<HostRecord>) =>
+          place(
+            {
+              queue: [next],
+              offered: {},
+              placed: { [a.run]: "big" },
+              room: { [a.run]: { vcpus: a.vcpus, memory_mib: a.memory_mib } },
+              suspect: {},
+              draining: [],
+            },
+            hosts,
+          ).send
+        expect(placedThere(c, [big])).toEqual([])
+        expect(placedThere(b, [listed]).map((o) => o.id)).toEqual(["big"])
         // A strict queue: c at the head fits nowhere, so b behind it waits although it fits.
         expect(
-          place({ queue: [c, b], offered: {}, placed: {}, suspect: {}, draining: [] }, [small]).send,
+          place({ queue: [c, b], offered: {}, placed: {}, room: {}, suspect: {}, draining: [] }, [small])
+            .send,
         ).toEqual([])
       }),
   )

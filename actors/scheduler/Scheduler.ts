@@ -4,10 +4,11 @@
  *
  * Room on a host. The host's record in KV `hosts` (rewritten by its agent on every capacity change
  * and every heartbeat) lists its machines, reserved runs included, and what is free. Runs offered
- * to the host and not listed in its record yet are taken off what it says is free, so a record a
- * moment old does not make the scheduler offer the same room twice; a run the record already lists
- * is counted once. (A run the host took is listed from its reservation on; should a record lag
- * behind a `Placed`, the host refuses what it lacks.) Hosts whose heartbeat is older than
+ * or placed there and not listed in its record yet are taken off what it says is free (the state
+ * keeps each placed run's room for that), so a record some moments old never makes the scheduler
+ * offer the same room twice; a run the record already lists is counted once, and one it still
+ * lists after it was freed only makes the scheduler wait for the next record. (Should an offer
+ * still be too much, the host refuses what it lacks.) Hosts whose heartbeat is older than
  * `hostStaleMs` (or whose record is gone) have no room, and on `Tick` the runs offered to them wait
  * again. The runs they took fail `infrastructure` only on evidence gathered while NATS worked: a
  * `Tick` (delivered by NATS, so NATS works) that finds the host stale marks it suspect, and its runs
@@ -26,14 +27,24 @@
  * restarts of the host agent and of the workers; a drained host that is not registered yet is
  * simply never offered anything when it comes.
  *
+ * Where the hosts are read. Placing on a message reads them from memory: the worker that handles
+ * the scheduler keeps the `hosts` bucket in a `core/KvCache.ts` (complete, kept by a watch), started
+ * on the first message it handles, since any worker may own the scheduler. A record there may be a
+ * moment older than KV's, which the rule above makes safe; while the cache is not live (starting, or
+ * its watch broke) the hosts are read from KV. A `Tick` always reads KV, so judging a host gone
+ * never rests on the cache. A pass then costs the rule alone; a burst of messages (a group the
+ * worker applies with one state write) is placed in one pass, by its last message (`ctx.more`),
+ * and the state is encoded once per group (`bench/scheduler.ts`).
+ *
  * The `tick` timer runs while anything waits, is offered or is placed: every message that takes the
  * scheduler from idle to busy schedules it, and each `Tick` schedules the next while busy. Other
  * messages never move it (a later schedule replaces the earlier one, and a steady stream of
  * messages would otherwise keep pushing it back).
  */
-import { Effect, Option } from "effect"
+import { Effect, Option, Schema, Scope } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
 import * as Kv from "../../core/Kv.ts"
+import * as KvCache from "../../core/KvCache.ts"
 import { Nats } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import * as Actor from "../../schema/actors/Actor.ts"
@@ -76,6 +87,8 @@ export interface SchedulerDeps {
   readonly nats: Nats["Type"]
   readonly storage: Storage["Type"]
   readonly settings: SchedulerSettingsShape
+  /** Where the hosts' cache (started on the first message) lives: the worker's life. */
+  readonly scope: Scope.Scope
 }
 
 /** The detail of a run whose host went away. */
@@ -130,25 +143,30 @@ export const place = (
   // Free room per host, less runs offered or placed there that its record does not list yet.
   const free = new Map<string, { vcpus: number; memory: number }>()
   const drained = new Set(s.draining)
-  // The offers grouped by host once: a pass costs hosts + offers, not hosts × offers (with 100
-  // hosts and 1,000 offers out, the product made a pass ten times slower; bench/scheduler.ts).
-  const offeredTo = new Map<string, Array<Waiting>>()
-  for (const o of Object.values(s.offered)) {
-    const list = offeredTo.get(o.host)
-    if (list === undefined) offeredTo.set(o.host, [o.waiting])
-    else list.push(o.waiting)
+  // The runs grouped by host once: a pass costs hosts + runs, not hosts × runs (with 100 hosts
+  // and 1,000 offers out, the product made a pass ten times slower; bench/scheduler.ts).
+  const taken = new Map<string, Array<{ run: string; vcpus: number; memory_mib: number }>>()
+  const take = (host: string, t: { run: string; vcpus: number; memory_mib: number }) => {
+    const list = taken.get(host)
+    if (list === undefined) taken.set(host, [t])
+    else list.push(t)
+  }
+  for (const o of Object.values(s.offered)) take(o.host, o.waiting)
+  for (const [run, host] of Object.entries(s.placed)) {
+    const room = s.room[run]
+    if (room !== undefined) take(host, { run, ...room })
   }
   for (const h of hosts) {
     if (h.id === exclude || drained.has(h.id)) continue
     let vcpus = h.free_vcpus
     let memory = h.free_memory_mib
-    const offers = offeredTo.get(h.id)
-    if (offers !== undefined) {
+    const runs = taken.get(h.id)
+    if (runs !== undefined) {
       const listed = new Set(h.machines.flatMap((m) => (m.run === undefined ? [] : [m.run as string])))
-      for (const w of offers)
-        if (!listed.has(w.run)) {
-          vcpus -= w.vcpus
-          memory -= w.memory_mib
+      for (const t of runs)
+        if (!listed.has(t.run)) {
+          vcpus -= t.vcpus
+          memory -= t.memory_mib
         }
     }
     free.set(h.id, { vcpus, memory })
@@ -186,10 +204,39 @@ export const place = (
 
 /** The scheduler with its dependencies. */
 export const make = (deps: SchedulerDeps) => {
+  const scope = deps.scope
   const { tickMs, suspectMs } = deps.settings
   const hostsKv = Kv.make(deps.storage.names.kv.hosts.name, HostRecord).pipe(
     Effect.provideService(Nats, deps.nats),
   )
+
+  // The records as stored, decoded in the view: one that does not decode is left out of placement
+  // (a `Tick`'s read logs it) instead of breaking the watch.
+  const decodeHost = Schema.decodeUnknownOption(HostRecord)
+  let cache: KvCache.KvCache<Option.Option<HostRecord>> | undefined
+  let cacheStarted = false
+  const startCache = Effect.gen(function* () {
+    const raw = yield* Kv.make(deps.storage.names.kv.hosts.name, Schema.Unknown)
+    cache = yield* KvCache.make(raw, ">", decodeHost, { complete: true })
+  }).pipe(
+    Effect.provideService(Nats, deps.nats),
+    Effect.catchAll((e) => Effect.logWarning("hosts cache not started; hosts are read from KV", e)),
+  )
+
+  /** The live hosts from memory once the cache holds them all; else (starting it once) from KV. */
+  const placeableHosts = (now: number) =>
+    Effect.suspend(() => {
+      const all = cache?.all()
+      if (all !== undefined) {
+        const live: Array<HostRecord> = []
+        for (const record of all.values())
+          if (Option.isSome(record) && isLive(record.value, now)) live.push(record.value)
+        return Effect.succeed(live)
+      }
+      if (cacheStarted) return liveHosts(now)
+      cacheStarted = true
+      return Effect.zipRight(Effect.forkIn(Scope.extend(startCache, scope), scope), liveHosts(now))
+    })
 
   /** The hosts live at `now`; a record that does not decode or vanished while read is left out. */
   const liveHosts = (now: number) =>
@@ -223,18 +270,26 @@ export const make = (deps: SchedulerDeps) => {
       Effect.mapError((cause) => new Actor.Retryable({ message: "reading a host failed", cause })),
     )
 
-  /** Places what it can (reading the hosts only when something waits) and keeps the tick going. */
+  /**
+   * Places what it can (reading the hosts only when something waits) and keeps the tick going. With
+   * `once`, a message that has more behind it in its group leaves the placing to the group's last
+   * (one pass for a burst of messages, not one each; the tick places should the group end early).
+   */
   const settle = (
     before: SchedulerState,
     s: SchedulerState,
     ctx: Ctx,
-    options: { readonly exclude?: string; readonly sends?: ReadonlyArray<Actor.Outgoing> } = {},
+    options: {
+      readonly exclude?: string
+      readonly sends?: ReadonlyArray<Actor.Outgoing>
+      readonly once?: boolean
+    } = {},
   ) =>
     Effect.gen(function* () {
       let state = s
       const send = [...(options.sends ?? [])]
-      if (state.queue.length > 0) {
-        const placed = place(state, yield* liveHosts(ctx.now), options.exclude)
+      if (state.queue.length > 0 && !(options.once === true && ctx.more)) {
+        const placed = place(state, yield* placeableHosts(ctx.now), options.exclude)
         state = placed.state
         send.push(...placed.send)
       }
@@ -248,16 +303,18 @@ export const make = (deps: SchedulerDeps) => {
         case "Enqueue": {
           if (known(s, m.run)) return { state: s }
           const { _tag, ...waiting } = m
-          return yield* settle(s, { ...s, queue: insert(s.queue, waiting) }, ctx)
+          return yield* settle(s, { ...s, queue: insert(s.queue, waiting) }, ctx, { once: true })
         }
         case "Dequeue": {
           if (!known(s, m.run)) return { state: s }
           const { [m.run]: _o, ...offered } = s.offered
           const { [m.run]: _p, ...placed } = s.placed
+          const { [m.run]: _r, ...room } = s.room
           return yield* settle(
             s,
-            { ...s, queue: s.queue.filter((w) => w.run !== m.run), offered, placed },
+            { ...s, queue: s.queue.filter((w) => w.run !== m.run), offered, placed, room },
             ctx,
+            { once: true },
           )
         }
         case "Placed": {
@@ -265,7 +322,18 @@ export const make = (deps: SchedulerDeps) => {
           const offer = s.offered[m.run]
           if (offer === undefined || offer.host !== m.host) return { state: s }
           const { [m.run]: _o, ...offered } = s.offered
-          return yield* settle(s, { ...s, offered, placed: { ...s.placed, [m.run]: m.host } }, ctx)
+          const { vcpus, memory_mib } = offer.waiting
+          return yield* settle(
+            s,
+            {
+              ...s,
+              offered,
+              placed: { ...s.placed, [m.run]: m.host },
+              room: { ...s.room, [m.run]: { vcpus, memory_mib } },
+            },
+            ctx,
+            { once: true },
+          )
         }
         case "Refused": {
           const offer = s.offered[m.run]
@@ -278,8 +346,9 @@ export const make = (deps: SchedulerDeps) => {
         }
         case "Freed": {
           const { [m.run]: _p, ...placed } = s.placed
-          const next = s.placed[m.run] === m.host ? { ...s, placed } : s
-          return yield* settle(s, next, ctx)
+          const { [m.run]: _r, ...room } = s.room
+          const next = s.placed[m.run] === m.host ? { ...s, placed, room } : s
+          return yield* settle(s, next, ctx, { once: true })
         }
         case "Drain": {
           const draining = s.draining.includes(m.host) ? s.draining : [...s.draining, m.host].sort()
@@ -322,9 +391,12 @@ export const make = (deps: SchedulerDeps) => {
             if (live.has(host)) yield* Effect.logInfo("host beats again").pipe(Effect.annotateLogs({ host }))
           const sends: Array<Actor.Outgoing> = []
           const placed: Record<string, string> = {}
+          const room: Record<string, SchedulerState["room"][string]> = {}
           for (const [run, host] of Object.entries(s.placed)) {
             if (!gone.has(host)) {
               placed[run] = host
+              const r = s.room[run]
+              if (r !== undefined) room[run] = r
               continue
             }
             yield* Effect.logWarning("host gone: failing its run").pipe(Effect.annotateLogs({ run, host }))
@@ -343,7 +415,7 @@ export const make = (deps: SchedulerDeps) => {
             if (live.has(offer.host)) offered[run] = offer
             else queue = insert(queue, offer.waiting)
           }
-          let state: SchedulerState = { queue, offered, placed, suspect, draining: s.draining }
+          let state: SchedulerState = { queue, offered, placed, room, suspect, draining: s.draining }
           if (state.queue.length > 0) {
             const result = place(state, hosts)
             state = result.state
@@ -364,7 +436,12 @@ export const make = (deps: SchedulerDeps) => {
   })
 }
 
-/** The scheduler built from the process's connection, storage and settings. */
+/** The scheduler built from the process's connection, storage and settings, for the life of the scope. */
 export const actor = Effect.gen(function* () {
-  return make({ nats: yield* Nats, storage: yield* Storage, settings: yield* SchedulerSettings.Tag })
+  return make({
+    nats: yield* Nats,
+    storage: yield* Storage,
+    settings: yield* SchedulerSettings.Tag,
+    scope: yield* Effect.scope,
+  })
 })

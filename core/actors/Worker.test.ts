@@ -278,6 +278,49 @@ describe("actor worker", () => {
       ),
   )
 
+  it.live(
+    "a group whose last state does not encode is applied again message by message: the one that broke it fails alone",
+    () =>
+      withClient((prefix) =>
+        Effect.gen(function* () {
+          // Queued before any worker runs, so they arrive together: the group's last state is
+          // encoded once, fails, and the group is applied again checking each message's state.
+          for (let n = 1; n <= 10; n++)
+            yield* Mailbox.send(
+              Stamped,
+              "s2",
+              n === 10 ? { _tag: "Break" } : { _tag: "Stamp", at: Date.UTC(2026, 0, n) },
+              { msgId: `s2-${n}` },
+            )
+          let breakGroup = 0
+          const w = yield* startWorker(server.url, prefix, actors, fast, {
+            crashAt: "afterStateWrite",
+            match: (info) => {
+              // The failed message's tag is `invalid` (its state did not encode).
+              if (info.id === "s2" && info.seq === 10) breakGroup = info.group
+              return false
+            },
+          })
+          const read = yield* eventually(
+            Effect.map(State.read(Stamped, "s2"), Option.filter((r) => r.seq >= 10)),
+            "30 seconds",
+            "stamped/s2 to take all 10 messages",
+          )
+          expect(breakGroup).toBeGreaterThan(1)
+          expect(read.state.count).toBe(9)
+          expect(read.failures).toBe(1)
+          expect(read.failure).toMatchObject({ tag: "ParseError" })
+          expect(read.state.seen.map((d) => d.getUTCDate())).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9])
+          // It goes on from there.
+          const next = yield* Mailbox.ask(Stamped, "s2", { _tag: "Stamp", at: Date.UTC(2026, 0, 11) }, {
+            timeout: "10 seconds",
+          })
+          expect(next).toBe(10)
+          yield* w.stop
+        }),
+      ),
+  )
+
   it.live("ask is answered by the handler; a timeout or a terminal failure is a typed error", () =>
     withClient((prefix) =>
       Effect.gen(function* () {

@@ -26,6 +26,14 @@ export interface ActorContext<M> {
   /** Stream sequence of the message being handled (unique, stable across redeliveries). */
   readonly seq: number
   /**
+   * Whether another message for this actor is waiting right behind this one, to be applied in the
+   * same group (one state write). A handler may leave costly work that depends only on its state
+   * to the last message of a group (the scheduler places once per group); since a group can end
+   * early (a retry, a full outbox, a timer that no longer counts), work so left must also be done
+   * by a timer.
+   */
+  readonly more: boolean
+  /**
    * Arranges for `message` to arrive in this actor's own mailbox at `at` (epoch ms or Date); a later
    * schedule with the same `name` replaces this one. Takes effect only if the handler succeeds.
    */

@@ -75,6 +75,17 @@ export const SchedulerState = Schema.Struct({
   /** Runs a host took: run → host (to fail them when the host is gone). */
   placed: Schema.Record({ key: Schema.String, value: Schema.String }),
   /**
+   * The room each placed run takes (run → vCPUs and memory), so a host record that does not list
+   * the run yet still counts it. A state from before this field counts only the host's record.
+   */
+  room: Schema.optionalWith(
+    Schema.Record({
+      key: Schema.String,
+      value: Schema.Struct({ vcpus: Schema.Number, memory_mib: Schema.Number }),
+    }),
+    { default: () => ({}) },
+  ),
+  /**
    * Hosts holding runs whose heartbeat was found stale, by when (the scheduler's clock) that was
    * first seen: they are declared gone only if they stay stale for a while after (see Scheduler.ts).
    */
@@ -86,7 +97,14 @@ export const SchedulerState = Schema.Struct({
 })
 export type SchedulerState = typeof SchedulerState.Type
 
-export const initialState: SchedulerState = { queue: [], offered: {}, placed: {}, suspect: {}, draining: [] }
+export const initialState: SchedulerState = {
+  queue: [],
+  offered: {},
+  placed: {},
+  room: {},
+  suspect: {},
+  draining: [],
+}
 
 /** One host as the scheduler sees it: drained or not, and the runs it holds (placed or offered). */
 export const HostView = Schema.Struct({

@@ -89,7 +89,7 @@ type Step =
       readonly _tag: "Applied"
       /** The record after this message (its state, timers and failure; `seq`/`outbox` are the group's). */
       readonly record: ActorRecord<unknown>
-      /** The encoding of `record.state` when this message set a new one (outcome `applied`). */
+      /** The encoding of `record.state` when this message set a new one (outcome `applied`) and was checked alone. */
       readonly encodedState?: unknown
       readonly outbox: ReadonlyArray<OutboxEntry>
       readonly messageTag: string
@@ -142,12 +142,21 @@ interface GroupResult {
  * One group starting at `deliveries[from]`: the redeliveries at its head, or the longest run of new
  * messages that can be applied together (up to a retryable failure or a full outbox), stored in one
  * write, published, acked.
+ *
+ * A state must encode before it is stored. The group's last state is encoded once, for the write
+ * (encoding is the cost of a large state, and an actor such as the scheduler takes many messages at
+ * a time); should it not encode, the group is applied again with each message's state checked
+ * (`strict`), so the message that made it invalid fails alone and the others apply as they would
+ * have. Handlers only read and return, so applying them again changes nothing outside. (A message
+ * whose state does not encode, followed in its group by messages that make it encode again, is not
+ * failed: what is stored still always encodes, which is what the check is for.)
  */
 const handleGroup = (
   rt: PartitionRuntime,
   deliveries: ReadonlyArray<Delivery>,
   from: number,
   attempt: number,
+  strict = false,
 ): Effect.Effect<GroupResult, LeaseExpired | StaleOwner, Nats> =>
   Effect.gen(function* () {
     const started = yield* Clock.currentTimeMillis
@@ -203,7 +212,7 @@ const handleGroup = (
       // A redelivery behind new messages cannot happen (one actor's messages come in stream order);
       // should it, it waits for the next group, which sees this group's write.
       if (d.seq <= record.seq) break
-      const step = yield* applyOne(rt, id, partition, current, d, started)
+      const step = yield* applyOne(rt, id, partition, current, d, started, strict, next + 1 < deliveries.length)
       if (step._tag === "Retry") {
         retry = step
         break
@@ -216,6 +225,11 @@ const handleGroup = (
         outboxBytes += "body" in entry ? entry.body.length : 0
       }
       next++
+    }
+    if (!strict && steps.some((s) => s.step.outcome === "applied")) {
+      const encoded = codecsOf(actor).encodeState(current.state)
+      if (Either.isLeft(encoded)) return yield* handleGroup(rt, deliveries, from, attempt, true)
+      encodedState = { value: encoded.right }
     }
     if (steps.length > 0) {
       // 3. Store state + outbox with the revision read; a conflict means another owner took over.
@@ -287,6 +301,10 @@ const applyOne = (
   record: ActorRecord<unknown>,
   d: Delivery,
   now: number,
+  /** Whether to encode the new state here (else the group encodes its last state once). */
+  check: boolean,
+  /** Whether another delivery follows this one in the batch (`ActorContext.more`). */
+  more: boolean,
 ): Effect.Effect<Step> => {
   const { actor, names } = rt
   const key = kvKeys.actor(actor.name, id)
@@ -306,6 +324,7 @@ const applyOne = (
     id,
     now,
     sentAt: d.storedAt,
+    more,
     seq: d.seq,
     schedule: (name, at, message) => {
       timerOps.set(name, { at: typeof at === "number" ? at : at.getTime(), message })
@@ -377,17 +396,17 @@ const applyOne = (
       const value = yield* codecs.encodeReply(result.reply ?? null)
       outbox.push({ _tag: "Reply", inbox: replyTo, body: JSON.stringify({ _tag: "Ok", value }) })
     }
-    // The state must encode before it is stored; a handler returning an invalid one fails
-    // terminally. The write stores this encoding.
-    const encodedState = yield* codecs.encodeState(result.state)
-    return {
+    const applied = {
       _tag: "Applied",
       messageTag: message._tag,
       outcome: "applied",
       outbox,
-      encodedState,
       record: { ...record, state: result.state, timers },
     } satisfies Step
+    if (!check) return applied
+    // The state must encode before it is stored; a handler returning an invalid one fails
+    // terminally. The write stores this encoding.
+    return { ...applied, encodedState: yield* codecs.encodeState(result.state) } satisfies Step
   }).pipe(
     Effect.catchAll((error) => Effect.succeed(failed(error, "invalid"))),
     Effect.catchAllDefect((defect) => Effect.succeed(failed(defect, "defect"))),
