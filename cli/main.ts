@@ -38,7 +38,7 @@ const serve = async (role: string | undefined) => {
     import("../core/Connected.ts"),
   ])
   return runMain(
-    Layer.launch(layer.pipe(Layer.provide(Connected.layerFromEnv))).pipe(Effect.provide(Log.layer)),
+    Layer.launch(layer.pipe(Layer.provide(Connected.roleLayerFromEnv))).pipe(Effect.provide(Log.layer)),
   )
 }
 

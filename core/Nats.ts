@@ -2,14 +2,25 @@
  * The NATS connection of a process, as a scoped service: connected when the layer is built,
  * drained (pending messages flushed, subscriptions finished) when its scope closes.
  *
+ * At start, servers that refuse the process's credentials end it with an error that says so (and
+ * names the settings, never their values). No server answering at all fails at once too, unless
+ * `waitForServers` is set (the roles of `hangar serve`): then the process says so every 15 s and
+ * tries every second until one answers, as a role started before its cluster must.
+ *
  * Only the `core/` wrappers (`Kv`, `ObjectStore`, `Stream`, `Storage`) use the raw clients this
  * service exposes; everything else talks to those wrappers.
  */
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream"
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import type { NatsConnection } from "@nats-io/transport-node"
-import { connect, credsAuthenticator, tokenAuthenticator } from "@nats-io/transport-node"
-import { Clock, Config, Context, Data, Duration, Effect, Layer, Option, Redacted } from "effect"
+import {
+  AuthorizationError,
+  connect,
+  credsAuthenticator,
+  tokenAuthenticator,
+  UserAuthenticationExpiredError,
+} from "@nats-io/transport-node"
+import { Clock, Config, Context, Data, Duration, Effect, Layer, Option, Redacted, Schedule } from "effect"
 import { defineSettings, env } from "./Config.ts"
 import { make as makeRequests, type Requests } from "./Requests.ts"
 
@@ -23,6 +34,8 @@ export interface NatsSettingsShape {
   readonly credentials: Redacted.Redacted<string> | undefined
   /** A plain auth token, when the server requires one. */
   readonly token: Redacted.Redacted<string> | undefined
+  /** Wait at start until a server answers (a role), instead of failing at once (a command). */
+  readonly waitForServers: boolean
 }
 
 const optionalRedacted = (name: string) =>
@@ -36,12 +49,14 @@ export const NatsSettings = defineSettings(
     name: "hangar",
     credentials: undefined,
     token: undefined,
+    waitForServers: false,
   } as NatsSettingsShape,
   (d) => ({
     servers: env.string("NATS_URL", d.servers),
     name: env.string("NATS_NAME", d.name),
     credentials: optionalRedacted("NATS_CREDENTIALS"),
     token: optionalRedacted("NATS_TOKEN"),
+    waitForServers: Config.succeed(d.waitForServers),
   }),
 )
 
@@ -99,6 +114,53 @@ const SETTLE_MS = 10_000
 /** How often the client pings its server. */
 export const PING_INTERVAL_MS = 10_000
 
+/** The server list as it may be shown: any `user:password@` in a URL left out. */
+export const shownServers = (servers: string): string => servers.replace(/\/\/[^/@]*@/g, "//")
+
+/** How often a role waiting for its servers says so. */
+const WAIT_NOTICE_MS = 15_000
+
+/**
+ * The first connection: refused credentials fail at once with the reason; unreachable servers
+ * fail at once, or with `waitForServers` are tried every second, said every 15 s.
+ */
+const firstConnect = <A>(settings: NatsSettingsShape, open: () => Promise<A>) => {
+  const servers = shownServers(settings.servers)
+  const refused = (e: NatsError) =>
+    e.cause instanceof AuthorizationError || e.cause instanceof UserAuthenticationExpiredError
+  let noticed = 0
+  const once = attempt("connect", open).pipe(
+    Effect.mapError((e) =>
+      refused(e)
+        ? new NatsError({
+            operation: "connect",
+            message: `the NATS servers ${servers} refused this process's credentials (${e.message}); check HANGAR_NATS_CREDENTIALS and HANGAR_NATS_TOKEN`,
+            cause: e.cause,
+          })
+        : new NatsError({
+            operation: "connect",
+            message: `no NATS server answers at ${servers} (${e.message})`,
+            cause: e.cause,
+          }),
+    ),
+  )
+  if (!settings.waitForServers) return once
+  return once.pipe(
+    Effect.tapError((e) =>
+      refused(e) || Date.now() - noticed < WAIT_NOTICE_MS
+        ? Effect.void
+        : Effect.zipRight(
+            Effect.sync(() => {
+              noticed = Date.now()
+            }),
+            Effect.logWarning(`${e.message}; waiting for one, trying every second`),
+          ),
+    ),
+    Effect.retry({ while: (e) => !refused(e), schedule: Schedule.spaced("1 second") }),
+    Effect.withClock(liveClock),
+  )
+}
+
 /** Connects (retrying reconnects forever once connected) and drains on scope close. */
 export const make = Effect.gen(function* () {
   const settings = yield* NatsSettings.Tag
@@ -108,7 +170,7 @@ export const make = Effect.gen(function* () {
     settings.token && tokenAuthenticator(Redacted.value(settings.token)),
   ].filter((a) => a !== undefined)
   const connection = yield* Effect.acquireRelease(
-    attempt("connect", () =>
+    firstConnect(settings, () =>
       connect({
         servers: settings.servers.split(",").map((s) => s.trim()),
         name: settings.name,
