@@ -8,6 +8,8 @@
  *                                                   → {account, owner[, credit: {entry, balance_usd_nanos}]}
  *     (N > 0 in dollars: the new account's first `adjustment` ledger entry)
  *   hangar admin token --email EMAIL                        → {token}
+ *   hangar admin console-link --email EMAIL                 → {url}: a one-time web console sign-in
+ *     link for that person (local mode), valid 10 minutes (`HANGAR_CONSOLE_LINK_MS`), usable once
  *   hangar admin suspend --account ID                       → {account}
  *   hangar admin reactivate --account ID                    → {account}
  *   hangar admin credit --account ID --usd N                → {account, entry, balance_usd_nanos}
@@ -29,6 +31,7 @@ import { entryOf } from "../actors/account/Account.ts"
 import { Accounts, layer as accountsLayer } from "../core/Accounts.ts"
 import * as AccountClient from "../core/actors/AccountClient.ts"
 import * as Connected from "../core/Connected.ts"
+import * as ConsoleSessions from "../core/ConsoleSessions.ts"
 import { IssuerSettings, loadKey, mint } from "../core/LocalIssuer.ts"
 import * as Log from "../core/Log.ts"
 import type { AccountState } from "../schema/Account.ts"
@@ -42,6 +45,7 @@ import * as AdminWatch from "./adminWatch.ts"
 export const usage = `usage:
   hangar admin create-account --name NAME --owner EMAIL [--credit-usd N]
   hangar admin token --email EMAIL
+  hangar admin console-link --email EMAIL
   hangar admin suspend --account ID
   hangar admin reactivate --account ID
   hangar admin credit --account ID --usd N
@@ -146,6 +150,30 @@ const token = (address: string) =>
     }
   }).pipe(Effect.provide(IssuerSettings.layerFromEnv))
 
+// A link into the console's sign-in route; only its hash is stored (core/ConsoleSessions.ts).
+const consoleLink = (address: string) =>
+  Effect.gen(function* () {
+    const issuer = yield* IssuerSettings.Tag
+    if (issuer.issuer !== "")
+      return yield* Effect.fail(
+        new Error(
+          `people sign in with ${issuer.issuer}; console links are for local mode (HANGAR_OIDC_ISSUER is set)`,
+        ),
+      )
+    const settings = yield* ConsoleSessions.ConsoleSettings.Tag
+    const sessions = yield* ConsoleSessions.ConsoleSessions
+    const link = yield* sessions.createLink(address, settings.linkMs)
+    return { url: `${settings.consoleUrl.replace(/\/+$/, "")}/console/sign-in?link=${link}` }
+  }).pipe(
+    Effect.provide(
+      Layer.mergeAll(
+        ConsoleSessions.layer.pipe(Layer.provide(Connected.layerFromEnv)),
+        ConsoleSessions.ConsoleSettings.layerFromEnv,
+        IssuerSettings.layerFromEnv,
+      ),
+    ),
+  )
+
 /** The program of one admin command (arguments after `admin`); throws `UsageError` on bad usage. */
 const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> => {
   const [command, ...rest] = args
@@ -183,6 +211,8 @@ const program = (args: ReadonlyArray<string>): Effect.Effect<unknown, unknown> =
     }
     case "token":
       return token(email(flags(rest, ["email"]).email!))
+    case "console-link":
+      return consoleLink(email(flags(rest, ["email"]).email!))
     case "suspend":
       return setState(accountId(flags(rest, ["account"]).account!), "suspended")
     case "reactivate":

@@ -298,6 +298,7 @@ const DEBIAN_PACKAGES = [
   "qemu-utils",
   "busybox-static",
   "tmux", // only for test/cli.shell.test.ts (`hangar shell` in a real terminal)
+  "chromium", // only for test/console*.test.ts (the web console in a real browser, via playwright-core)
 ]
 
 const missingPackages = () =>

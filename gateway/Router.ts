@@ -107,8 +107,13 @@ export interface Router<R> {
   readonly match: (method: string, path: string) => Match<R>
 }
 
+// `/` alone is the empty path (the console's home); any other path ending in `/` matches nothing.
 const segmentsOf = (path: string): ReadonlyArray<string> | undefined =>
-  path.length > 1 && path.startsWith("/") && !path.endsWith("/") ? path.slice(1).split("/") : undefined
+  path === "/"
+    ? []
+    : path.length > 1 && path.startsWith("/") && !path.endsWith("/")
+      ? path.slice(1).split("/")
+      : undefined
 
 /** Compiles `routes`; a malformed pattern or a duplicate (method, pattern) is a programming error. */
 export const make = <R>(routes: ReadonlyArray<Route<R>>): Router<R> => {

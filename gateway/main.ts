@@ -5,6 +5,8 @@
  */
 import { Layer } from "effect"
 import type { Accounts as AccountStore } from "../core/Accounts.ts"
+import type { ConsoleSessions } from "../core/ConsoleSessions.ts"
+import { ConsoleSettings } from "../core/ConsoleSessions.ts"
 import * as Links from "../core/Links.ts"
 import { IssuerSettings } from "../core/LocalIssuer.ts"
 import type { Nats } from "../core/Nats.ts"
@@ -14,6 +16,8 @@ import type { AccountStates } from "./accounts/States.ts"
 import * as Auth from "./auth/Auth.ts"
 import type { KeyCache } from "./auth/KeyCache.ts"
 import * as Commands from "./commands/routes.ts"
+import * as ConsoleAssets from "./console/Assets.ts"
+import * as Console from "./console/routes.ts"
 import * as Credit from "./credit/group.ts"
 import * as Downloads from "./downloads/routes.ts"
 import * as Definitions from "./functions/group.ts"
@@ -37,8 +41,11 @@ const served = [
   ...Runs.routes,
   ...Commands.routes,
 ]
-/** Every route the gateway serves; each route group contributes its `routes`, and the document of them all. */
-export const routes = [...served, ...OpenApi.routesFor(served)]
+/**
+ * Every route the gateway serves; each route group contributes its `routes`, and the document of
+ * them all; then the web console's pages and sign-in routes (not part of the API's document).
+ */
+export const routes = [...served, ...OpenApi.routesFor(served), ...Console.routes]
 
 // Signed links (upload and download links share the key), settings from `HANGAR_*` variables.
 const linkServices = Links.layer.pipe(Layer.provideMerge(Links.LinkSettings.layerFromEnv))
@@ -47,7 +54,13 @@ const linkServices = Links.layer.pipe(Layer.provideMerge(Links.LinkSettings.laye
 const runServices = Layer.mergeAll(Downloads.layer, Runs.layerFromEnv, Commands.layerFromEnv)
 
 // The CLI login, credit and uploads groups' services, settings from `HANGAR_*` variables.
-const groupServices = Layer.mergeAll(CliLogins.layerFromEnv, Credit.layerFromEnv, Uploads.layer)
+const groupServices = Layer.mergeAll(
+  CliLogins.layerFromEnv,
+  Credit.layerFromEnv,
+  Uploads.layer,
+  ConsoleAssets.layer,
+  ConsoleSettings.layerFromEnv,
+)
 
 /**
  * The gateway with its settings read from `HANGAR_*` variables (logging is the process's choice);
@@ -62,6 +75,7 @@ export const layer = Server.layer<
   | Layer.Layer.Success<typeof groupServices>
   | Layer.Layer.Success<typeof runServices>
   | Layer.Layer.Success<typeof linkServices>
+  | ConsoleSessions
   // Routes reading streams and actor state straight from the process's connection (usage, balance).
   | Nats
   | Storage

@@ -267,6 +267,8 @@ export type CliLoginState = typeof CliLoginState.Type
 /** `GET /v1/cli-logins/{id}` (DESIGN.md): once approved, the account and the key id. */
 export const CliLogin = Schema.Struct({
   id: CliLoginId,
+  /** The machine name the CLI sent, so the approving person sees which machine asks. */
+  name: Schema.String,
   state: CliLoginState,
   expires_at: Count,
   account: Schema.optional(AccountId),

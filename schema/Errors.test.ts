@@ -15,6 +15,7 @@ describe("error codes", () => {
     ["not_a_member", 403],
     ["owners_only", 403],
     ["suspended", 403],
+    ["csrf_token", 403],
     ["not_found", 404],
     ["method_not_allowed", 405],
     ["conflict", 409],
@@ -31,7 +32,7 @@ describe("error codes", () => {
   })
 
   it("has no code beyond the table", () => {
-    expect(Object.keys(errorStatus)).toHaveLength(20)
+    expect(Object.keys(errorStatus)).toHaveLength(21)
   })
 
   it("makes the body from the code and message", () => {
@@ -53,6 +54,7 @@ describe("error codes", () => {
       ApiError.notAMember(),
       ApiError.ownersOnly(),
       ApiError.suspended(),
+      ApiError.csrfToken(),
       ApiError.notFound(),
       ApiError.methodNotAllowed("PUT"),
       ApiError.conflict(),

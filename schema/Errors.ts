@@ -20,6 +20,7 @@ export const errorStatus = {
   not_a_member: 403,
   owners_only: 403,
   suspended: 403,
+  csrf_token: 403,
   not_found: 404,
   method_not_allowed: 405,
   conflict: 409,
@@ -112,6 +113,13 @@ export class ApiError extends Schema.TaggedError<ApiError>()("ApiError", {
     return new ApiError({ code: "suspended", message })
   }
   /** 404: no such resource in this account, e.g. `ApiError.notFound("run")` → "run not found". */
+  /** A request signed in by the console's cookie that changes something without its CSRF token. */
+  static csrfToken(
+    message = "a request signed in by the console's session needs its x-csrf-token header",
+  ): ApiError {
+    return new ApiError({ code: "csrf_token", message })
+  }
+
   static notFound(what = "route"): ApiError {
     return new ApiError({ code: "not_found", message: `${what} not found` })
   }

@@ -29,6 +29,7 @@ export const kvBuckets = [
   "logins",
   "agents",
   "idempotency",
+  "console",
 ] as const
 export type KvBucket = (typeof kvBuckets)[number]
 
@@ -93,6 +94,7 @@ export const retention = {
     logins: DAY_MS, // CLI logins: approved or expired within 10 minutes, then only read for a while
     agents: 30 * DAY_MS, // agent loops: removed when the run ends; what a crash left ages out with the run
     idempotency: DAY_MS, // a creating request's answer, kept for its Idempotency-Key's 24 hours
+    console: 2 * DAY_MS, // console sign-in links (10 minutes) and sessions (12 hours), by their hashes
   } satisfies Record<KvBucket, number>,
   streams: {
     MAILBOX: 0, // work queue: messages go when handled

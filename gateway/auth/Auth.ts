@@ -6,6 +6,9 @@
  * `not_a_member`) → role (`owners_only`) → account state (`suspended`).
  *
  * A bearer value starting with `hgr_` is an account key; anything else is tried as an ID token.
+ * Without `Authorization`, the web console's session cookie (`core/ConsoleSessions.ts`) stands for
+ * its person exactly as an ID token would; a request it signs in that is not a `GET` must also carry
+ * the session's CSRF token (`x-csrf-token`), or is refused 403 `csrf_token` before anything is read.
  */
 import { Context, Effect, Layer, Option, Schema } from "effect"
 import {
@@ -15,6 +18,13 @@ import {
   type KeyRecord,
   type UserRecord,
 } from "../../core/Accounts.ts"
+import {
+  ConsoleSessions,
+  CSRF_HEADER,
+  layer as consoleSessionsLayer,
+  csrfMatches,
+  sessionIdOf,
+} from "../../core/ConsoleSessions.ts"
 import { hashToken, isKeyToken, sameHash, tokenPrefix } from "../../core/KeyTokens.ts"
 import type { Member } from "../../schema/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
@@ -35,6 +45,8 @@ import { KeyCache, layer as keyCacheLayer } from "./KeyCache.ts"
 export interface ResolveOptions {
   /** Whether the route serves a suspended account (default: `GET` routes only). */
   readonly whileSuspended: boolean
+  /** The request's method: a console session's request that is not a `GET` needs its CSRF token. */
+  readonly method?: string
 }
 
 /** The auth step as a service. */
@@ -57,7 +69,10 @@ export class Auth extends Context.Tag("gateway/Auth")<
       options: ResolveOptions,
     ) => Principal | ApiError | undefined
     /** The person a bearer ID token names, created on first sight; for routes that take an account from the path. */
-    readonly person: (headers: Readonly<Record<string, string>>) => Effect.Effect<Person, ApiError>
+    readonly person: (
+      headers: Readonly<Record<string, string>>,
+      options?: ResolveOptions,
+    ) => Effect.Effect<Person, ApiError>
   }
 >() {}
 
@@ -81,7 +96,7 @@ const orInternal = <A, E>(fx: Effect.Effect<A, E>): Effect.Effect<A, ApiError> =
 /** A read the decision needs and memory does not hold; the effectful path makes it and decides again. */
 class Need {
   constructor(
-    readonly what: "key" | "account" | "identity" | "user" | "member",
+    readonly what: "key" | "account" | "identity" | "user" | "member" | "session",
     readonly id: string,
     readonly other = "",
   ) {}
@@ -95,6 +110,8 @@ interface Known {
   /** The person by e-mail; none is a person never seen, whom the effectful path creates. */
   readonly user: (email: string) => Option.Option<UserRecord> | undefined
   readonly member: (account: string, user: string) => Option.Option<Member> | undefined
+  /** The person (e-mail) of a live console session, none for an unknown or expired one. */
+  readonly session: (id: string) => Option.Option<string> | undefined
 }
 
 type Decided<A> = A | ApiError | Need
@@ -113,18 +130,44 @@ const keyPrincipal = (token: string, known: Known): Decided<AccountKey> => {
   return { _tag: "AccountKey", key, account: account.value }
 }
 
-const personOf = (token: string, known: Known): Decided<Person> => {
-  const identity = known.identity(token)
-  if (identity === undefined) return new Need("identity", token)
+const personByEmail = (email: string, known: Known): Decided<Person> => {
   // A person seen before is read from memory; the first sight of one writes the record.
-  const user = known.user(identity.email)
-  if (user === undefined || Option.isNone(user)) return new Need("user", identity.email)
+  const user = known.user(email)
+  if (user === undefined || Option.isNone(user)) return new Need("user", email)
   return { _tag: "Person", user: user.value.user, email: user.value.email }
 }
 
-const personOnly = (headers: Readonly<Record<string, string>>, known: Known): Decided<Person> => {
+const personOf = (token: string, known: Known): Decided<Person> => {
+  const identity = known.identity(token)
+  if (identity === undefined) return new Need("identity", token)
+  return personByEmail(identity.email, known)
+}
+
+const safeMethods: ReadonlySet<string> = new Set(["GET", "HEAD"])
+
+/** The person of the console's session cookie (checked for its CSRF token first), or 401. */
+const sessionPerson = (
+  headers: Readonly<Record<string, string>>,
+  options: ResolveOptions,
+  known: Known,
+): Decided<Person> => {
+  const id = sessionIdOf(headers.cookie)
+  if (id === undefined) return unauthenticated
+  if (!safeMethods.has(options.method ?? "POST") && !csrfMatches(id, headers[CSRF_HEADER]))
+    return ApiError.csrfToken()
+  const email = known.session(id)
+  if (email === undefined) return new Need("session", id)
+  if (Option.isNone(email)) return ApiError.unauthenticated("the console session has ended; sign in again")
+  return personByEmail(email.value, known)
+}
+
+const personOnly = (
+  headers: Readonly<Record<string, string>>,
+  options: ResolveOptions,
+  known: Known,
+): Decided<Person> => {
   const token = bearerOf(headers)
-  if (token === undefined) return unauthenticated
+  if (token === undefined) return sessionPerson(headers, options, known)
   if (token.startsWith(tokenPrefix)) {
     const principal = keyPrincipal(token, known)
     return principal instanceof Need || principal instanceof ApiError
@@ -146,9 +189,8 @@ const decide = (
 ): Decided<Principal> => {
   if (access === "anyone") return { _tag: "Anyone" }
   const token = bearerOf(headers)
-  if (token === undefined) return unauthenticated
 
-  if (token.startsWith(tokenPrefix)) {
+  if (token?.startsWith(tokenPrefix)) {
     const principal = keyPrincipal(token, known)
     if (principal instanceof Need || principal instanceof ApiError) return principal
     if (access === "signed in" || access === "person" || access === "owner")
@@ -162,7 +204,7 @@ const decide = (
     return principal
   }
 
-  const who = personOf(token, known)
+  const who = token === undefined ? sessionPerson(headers, options, known) : personOf(token, known)
   if (who instanceof Need || who instanceof ApiError) return who
   if (access === "signed in") return who
   const named = headers["service-account"]
@@ -189,6 +231,7 @@ export const make = Effect.gen(function* () {
   const accounts = yield* Accounts
   const cache = yield* KeyCache
   const idTokens = yield* IdTokens
+  const sessions = yield* ConsoleSessions
 
   const inMemory: Known = {
     key: cache.now.lookup,
@@ -196,6 +239,8 @@ export const make = Effect.gen(function* () {
     identity: idTokens.known,
     user: cache.now.user,
     member: cache.now.member,
+    // Sessions are read from KV each time, so a sign-out on any gateway ends them at once.
+    session: () => undefined,
   }
 
   const read = (need: Need): Effect.Effect<unknown, ApiError> => {
@@ -214,6 +259,8 @@ export const make = Effect.gen(function* () {
         )
       case "member":
         return orInternal(cache.member(need.id, need.other))
+      case "session":
+        return orInternal(sessions.session(need.id))
     }
   }
 
@@ -235,6 +282,7 @@ export const make = Effect.gen(function* () {
         identity: lookup("identity", inMemory.identity),
         user: lookup("user", inMemory.user),
         member: lookup("member", inMemory.member),
+        session: lookup("session", inMemory.session),
       }
       const step = (): Effect.Effect<A, ApiError> => {
         const decided = decideWith(known)
@@ -256,8 +304,8 @@ export const make = Effect.gen(function* () {
     return decided instanceof Need ? undefined : decided
   }
 
-  const person: Context.Tag.Service<Auth>["person"] = (headers) =>
-    settle((known) => personOnly(headers, known))
+  const person: Context.Tag.Service<Auth>["person"] = (headers, options = { whileSuspended: true }) =>
+    settle((known) => personOnly(headers, options, known))
 
   return { resolve, resolveNow, person }
 })
@@ -272,6 +320,6 @@ export const layer = Layer.effect(Auth, make)
  * this has every watched cache. Needs NATS, the storage map and `IssuerSettings`.
  */
 export const layerAll = layer.pipe(
-  Layer.provideMerge(Layer.mergeAll(keyCacheLayer, idTokensLayer, accountStatesLayer)),
+  Layer.provideMerge(Layer.mergeAll(keyCacheLayer, idTokensLayer, accountStatesLayer, consoleSessionsLayer)),
   Layer.provideMerge(accountsLayer),
 )

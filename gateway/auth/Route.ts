@@ -67,7 +67,10 @@ export const authRoute = <
     handler: (request: Request<Params<P>, unknown, RawQuery>) =>
       Effect.gen(function* () {
         const auth = yield* Auth
-        const principal = yield* auth.resolve(spec.access, request.headers, { whileSuspended })
+        const principal = yield* auth.resolve(spec.access, request.headers, {
+          whileSuspended,
+          method: request.method,
+        })
         const body = decode ? yield* decode(request.body) : (undefined as B)
         const handled = spec.handler({
           ...request,
@@ -90,14 +93,16 @@ export const authRoute = <
         })
       }),
   })
-  const options = { whileSuspended }
   const handlerNow = spec.now
   // The auth step decided from memory: its refusal, or the handler's answer from memory. A `POST`
   // with an `Idempotency-Key` reads and writes KV, so it always takes the handler's path.
   const now: Route<Auth>["now"] = (request, services) => {
     if (spec.body !== undefined) return undefined
     if (request.method === "POST" && request.headers[Idempotency.HEADER] !== undefined) return undefined
-    const principal = Context.get(services, Auth).resolveNow(spec.access, request.headers, options)
+    const principal = Context.get(services, Auth).resolveNow(spec.access, request.headers, {
+      whileSuspended,
+      method: request.method,
+    })
     if (principal === undefined) return undefined
     if (principal instanceof ApiError) return errorReply(principal)
     return handlerNow?.(

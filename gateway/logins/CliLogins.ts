@@ -79,12 +79,18 @@ export const view = (r: CliLoginRecord, nowMs: number): CliLogin =>
   r.approved
     ? {
         id: r.id,
+        name: r.name,
         state: "approved",
         expires_at: r.expires_at,
         account: r.approved.account,
         key: r.approved.key,
       }
-    : { id: r.id, state: nowMs >= r.expires_at * 1000 ? "expired" : "pending", expires_at: r.expires_at }
+    : {
+        id: r.id,
+        name: r.name,
+        state: nowMs >= r.expires_at * 1000 ? "expired" : "pending",
+        expires_at: r.expires_at,
+      }
 
 type StoreError = NatsError | Kv.KvValueInvalid
 

@@ -116,7 +116,7 @@ describe("a CLI login", () => {
     const pending = await call(gw, "GET", `/v1/cli-logins/${login.id}`, {})
     expect(pending).toEqual({
       status: 200,
-      body: { id: login.id, state: "pending", expires_at: login.expires_at },
+      body: { id: login.id, name: "build-box", state: "pending", expires_at: login.expires_at },
     })
     expect((await call(gw, "GET", "/t/whoami", { authorization: `Bearer ${token}` })).status).toBe(401)
 
@@ -130,6 +130,7 @@ describe("a CLI login", () => {
     const read = await call(gw, "GET", `/v1/cli-logins/${login.id}`, {})
     expect(read.body).toEqual({
       id: login.id,
+      name: "build-box",
       state: "approved",
       expires_at: login.expires_at,
       account: account.id,
@@ -191,7 +192,7 @@ describe("a CLI login", () => {
       }),
     )
     const read = await call(gw, "GET", `/v1/cli-logins/${login.id}`, {})
-    expect(read.body).toEqual({ id: login.id, state: "expired", expires_at: now })
+    expect(read.body).toEqual({ id: login.id, name: "late", state: "expired", expires_at: now })
     const res = await approve(login.id, login.code)
     expect(res.status).toBe(400)
     expect(res.body.error).toMatch(/expired/)

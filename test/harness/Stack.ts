@@ -303,6 +303,8 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     STORAGE_PREFIX: prefix,
     HTTP_ADDR: `127.0.0.1:${port}`,
     PUBLIC_URL: `http://127.0.0.1:${port}`,
+    // The web console is this gateway (CLI login approval links, console sign-in links).
+    CONSOLE_URL: `http://127.0.0.1:${port}`,
     RELAY_ADDR: `127.0.0.1:${relayPort}`,
     RATE_LIMIT_PER_SECOND: "1000000",
     RATE_LIMIT_BURST: "1000000",

@@ -1,0 +1,160 @@
+/**
+ * The web console's own routes (issue 26), outside `/v1`: its pages and assets, and sign-in,
+ * session and sign-out. Everything else the console does goes through the public API with the
+ * session cookie standing for the person (`gateway/auth/Auth.ts`), so it can never do more than
+ * that person may.
+ *
+ * - `GET /`, `/runs`, `/runs/:id`, `/cli-logins/:id`, … : the one page (the front end routes by
+ *   path), `no-cache`, with a strict Content-Security-Policy (scripts and styles from this origin
+ *   only: no inline script, no `eval`);
+ * - `GET /assets/:file`: hashed bundle files, cached for a year (`immutable`);
+ * - `GET /console/sign-in?link=…`: uses a one-time link (`hangar admin console-link`), sets the
+ *   session cookie and sends the browser home; a used, expired or unknown link goes to the sign-in
+ *   page saying which;
+ * - `GET /console/session`: the signed-in person and the session's CSRF token, or 401;
+ * - `POST /console/sign-out` (with the CSRF token): ends the session and clears the cookie.
+ */
+import { Effect, Option } from "effect"
+import {
+  ConsoleSessions,
+  ConsoleSettings,
+  CSRF_HEADER,
+  csrfMatches,
+  csrfOf,
+  SESSION_COOKIE,
+  sessionIdOf,
+} from "../../core/ConsoleSessions.ts"
+import { ApiError } from "../../schema/Errors.ts"
+import { bytes, empty, error, json, type Reply } from "../Response.ts"
+import { route } from "../Router.ts"
+import { ConsoleAssets } from "./Assets.ts"
+
+/** The pages the front end draws; each answers the same HTML. */
+export const pagePaths = [
+  "/",
+  "/sign-in",
+  "/runs",
+  "/runs/:id",
+  "/cli-logins/:id",
+  "/keys",
+  "/members",
+  "/functions",
+  "/functions/:id",
+  "/providers",
+  "/usage",
+] as const
+
+/** The Content-Security-Policy of every page. */
+export const contentSecurityPolicy = [
+  "default-src 'none'",
+  "script-src 'self'",
+  "style-src 'self'",
+  "img-src 'self' data:",
+  "font-src 'self'",
+  "connect-src 'self' ws: wss:",
+  "base-uri 'none'",
+  "form-action 'self'",
+  "frame-ancestors 'none'",
+].join("; ")
+
+const pageHeaders = {
+  "cache-control": "no-cache",
+  "content-security-policy": contentSecurityPolicy,
+  "x-content-type-options": "nosniff",
+  "referrer-policy": "no-referrer",
+  "x-frame-options": "DENY",
+}
+
+const assetHeaders = {
+  "cache-control": "public, max-age=31536000, immutable",
+  "x-content-type-options": "nosniff",
+}
+
+/** Whether the cookie must be `Secure`: always, except for a console served over plain HTTP on loopback. */
+export const secureCookie = (consoleUrl: string): boolean => {
+  try {
+    const url = new URL(consoleUrl)
+    const loopback = ["127.0.0.1", "localhost", "[::1]"].includes(url.hostname)
+    return !(url.protocol === "http:" && loopback)
+  } catch {
+    return true
+  }
+}
+
+const cookie = (value: string, maxAgeSeconds: number, secure: boolean) =>
+  `${SESSION_COOKIE}=${value}; Path=/; HttpOnly; SameSite=Lax; Max-Age=${maxAgeSeconds}${secure ? "; Secure" : ""}`
+
+const redirect = (location: string, headers: Record<string, string> = {}): Reply =>
+  empty({
+    status: 303,
+    headers: { location, "cache-control": "no-store", "referrer-policy": "no-referrer", ...headers },
+  })
+
+const page = Effect.flatMap(ConsoleAssets, (a) => a.built).pipe(
+  Effect.map((built) => bytes(built.html, { contentType: "text/html; charset=utf-8", headers: pageHeaders })),
+  Effect.orDie,
+)
+
+/** The console's routes. */
+export const routes = [
+  ...pagePaths.map((path) => route({ method: "GET", path, storeless: true, handler: () => page })),
+  route({
+    method: "GET",
+    path: "/assets/:file",
+    storeless: true,
+    handler: ({ params }) =>
+      Effect.flatMap(ConsoleAssets, (a) => a.built).pipe(
+        Effect.orDie,
+        Effect.map((built) => {
+          const asset = built.assets.get(params.file)
+          return asset === undefined
+            ? error(ApiError.notFound("asset"))
+            : bytes(asset.body, { contentType: asset.contentType, headers: assetHeaders })
+        }),
+      ),
+  }),
+  route({
+    method: "GET",
+    path: "/console/sign-in",
+    handler: ({ query }) =>
+      Effect.gen(function* () {
+        const sessions = yield* ConsoleSessions
+        const settings = yield* ConsoleSettings.Tag
+        const used = yield* sessions.useLink(query.link ?? "", settings.sessionMs)
+        if (typeof used === "string") return redirect(`/sign-in?problem=${used}`)
+        const secure = secureCookie(settings.consoleUrl)
+        yield* Effect.logInfo("console sign-in").pipe(Effect.annotateLogs({ email: used.email }))
+        return redirect("/", {
+          "set-cookie": cookie(used.sessionId, Math.floor(settings.sessionMs / 1000), secure),
+        })
+      }),
+  }),
+  route({
+    method: "GET",
+    path: "/console/session",
+    handler: ({ headers }) =>
+      Effect.gen(function* () {
+        const id = sessionIdOf(headers.cookie)
+        if (id === undefined) return error(ApiError.unauthenticated("not signed in"))
+        const email = yield* (yield* ConsoleSessions).session(id)
+        if (Option.isNone(email)) return error(ApiError.unauthenticated("the console session has ended"))
+        return json({ email: email.value, csrf: csrfOf(id) }, { headers: { "cache-control": "no-store" } })
+      }),
+  }),
+  route({
+    method: "POST",
+    path: "/console/sign-out",
+    handler: ({ headers }) =>
+      Effect.gen(function* () {
+        const id = sessionIdOf(headers.cookie)
+        if (id === undefined) return error(ApiError.unauthenticated("not signed in"))
+        if (!csrfMatches(id, headers[CSRF_HEADER])) return error(ApiError.csrfToken())
+        yield* (yield* ConsoleSessions).end(id)
+        const settings = yield* ConsoleSettings.Tag
+        return json(
+          { signed_out: true },
+          { headers: { "set-cookie": cookie("", 0, secureCookie(settings.consoleUrl)) } },
+        )
+      }),
+  }),
+]

@@ -1,0 +1,380 @@
+/**
+ * The web console in a real browser (Debian's Chromium through playwright-core) against the whole
+ * stack (real NATS, real gateway, real host agent): sign-in links, the session cookie and its CSRF
+ * token, the CLI login approval page with the real `hangar login`, a run followed live from queued
+ * to succeeded and its output downloaded, keys, and what a member sees. One stack and one browser
+ * for the file. Screenshots of each main page go to a temporary folder, printed for people to see.
+ */
+import { createHash, randomBytes } from "node:crypto"
+import { mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect } from "effect"
+import type { Page } from "playwright-core"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Accounts } from "../core/Accounts.ts"
+import * as ConsoleSessions from "../core/ConsoleSessions.ts"
+import { personToken } from "../gateway/auth/testing.ts"
+import { launchBrowser, type TestBrowser } from "./harness/Browser.ts"
+import { configHome, hangar } from "./harness/Cli.ts"
+import {
+  call,
+  closeStack,
+  createAccount,
+  expectStatus,
+  getRun,
+  publish,
+  type Stack,
+  startRun,
+  startStack,
+  type TestAccount,
+} from "./harness/Stack.ts"
+
+let stack: Stack
+let acct: TestAccount
+let browser: TestBrowser
+let page: Page
+const shots = mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
+
+/** The stack's variables as `hangar admin` reads them. */
+const adminEnv = (extra: Record<string, string> = {}) => ({
+  ...Object.fromEntries(Object.entries(stack.env).map(([k, v]) => [`HANGAR_${k}`, v])),
+  ...extra,
+})
+
+/** A sign-in link made through the real `hangar admin console-link`. */
+const linkByCli = async (email: string, extra: Record<string, string> = {}): Promise<string> => {
+  const ran = await hangar(["admin", "console-link", "--email", email], { env: adminEnv(extra) })
+  expect(ran.status, ran.stderr).toBe(0)
+  return JSON.parse(ran.stdout).url as string
+}
+
+/** A sign-in link made in this process, as the command makes it (quicker). */
+const link = (email: string, validMs = 600_000): Promise<string> =>
+  stack.run(
+    Effect.flatMap(ConsoleSessions.make, (s) => s.createLink(email, validMs)).pipe(
+      Effect.map((secret) => `${stack.url}/console/sign-in?link=${secret}`),
+    ),
+  )
+
+/** Signs the browser in as `email` (a fresh cookie jar first). */
+const signIn = async (email: string) => {
+  await browser.context.clearCookies()
+  await page.goto(await link(email))
+  await page.waitForSelector(`.email:text("${email}")`)
+}
+
+const shot = (name: string) => page.screenshot({ path: join(shots, `${name}.png`), fullPage: true })
+
+const sessionCookie = async () =>
+  (await browser.context.cookies(stack.url)).find((c) => c.name === ConsoleSessions.SESSION_COOKIE)
+
+beforeAll(async () => {
+  stack = await startStack({ logFlushMs: 300 })
+  acct = await createAccount(stack, { name: "acme" })
+  browser = await launchBrowser()
+  page = await browser.page()
+  console.log(`console screenshots: ${shots}`)
+}, 300_000)
+
+afterAll(async () => {
+  await browser?.close()
+  await closeStack(stack)
+}, 300_000)
+
+describe("sign-in", () => {
+  it("a console link signs in once, sets an HttpOnly SameSite=Lax cookie, and lands on the runs", async () => {
+    const url = await linkByCli(acct.ownerEmail)
+    expect(url.startsWith(`${stack.url}/console/sign-in?link=`)).toBe(true)
+    const answer = await page.goto(url)
+    expect(answer?.status()).toBe(200)
+    expect(new URL(page.url()).pathname).toBe("/")
+    await page.waitForSelector(`.email:text("${acct.ownerEmail}")`)
+    await page.waitForSelector("h1:text('Runs')")
+    const cookie = await sessionCookie()
+    expect(cookie).toMatchObject({ httpOnly: true, sameSite: "Lax", secure: false, path: "/" })
+    // The page's script cannot read it.
+    expect(await page.evaluate("document.cookie")).not.toContain(ConsoleSessions.SESSION_COOKIE)
+    // The same link again: used.
+    await browser.context.clearCookies()
+    await page.goto(url)
+    await page.waitForSelector("h1:text('Sign in to Hangar')")
+    expect(new URL(page.url()).search).toBe("?problem=used")
+    await page.waitForSelector("text=already used")
+    await shot("sign-in")
+  })
+
+  it("a link past its lifetime (HANGAR_CONSOLE_LINK_MS) and an unknown one sign nobody in", async () => {
+    await browser.context.clearCookies()
+    await page.goto(await linkByCli(acct.ownerEmail, { HANGAR_CONSOLE_LINK_MS: "0" }))
+    await page.waitForSelector("text=has expired")
+    expect(await sessionCookie()).toBeUndefined()
+    await page.goto(`${stack.url}/console/sign-in?link=${randomBytes(32).toString("base64url")}`)
+    await page.waitForSelector("text=not known here")
+    expect(await sessionCookie()).toBeUndefined()
+  })
+
+  it("serves the page with a strict CSP and no cache, and hashed assets cached for a year", async () => {
+    const res = await fetch(`${stack.url}/runs`)
+    expect(res.status).toBe(200)
+    expect(res.headers.get("cache-control")).toBe("no-cache")
+    const csp = res.headers.get("content-security-policy") ?? ""
+    expect(csp).toContain("script-src 'self'")
+    expect(csp).not.toContain("unsafe-inline")
+    expect(csp).not.toContain("unsafe-eval")
+    const html = await res.text()
+    expect(html).not.toMatch(/<script>/)
+    const script = /src="(\/assets\/app-[A-Z0-9]+\.js)"/.exec(html)?.[1]
+    expect(script).toBeDefined()
+    const asset = await fetch(`${stack.url}${script}`)
+    expect(asset.status).toBe(200)
+    expect(asset.headers.get("cache-control")).toBe("public, max-age=31536000, immutable")
+    expect(asset.headers.get("content-type")).toContain("javascript")
+    expect((await fetch(`${stack.url}/assets/app-NOPE.js`)).status).toBe(404)
+  })
+
+  it("a forged cookie, an expired session and a signed-out one land on sign-in", async () => {
+    await signIn(acct.ownerEmail)
+    const { value } = (await sessionCookie())!
+    // Expired: its stored expiry moved into the past.
+    await stack.run(
+      Effect.gen(function* () {
+        const s = yield* ConsoleSessions.make
+        const key = ConsoleSessions.sessionKey(value)
+        const found = yield* s.kv.get(key)
+        if (found._tag === "None") throw new Error("session not stored")
+        yield* s.kv.put(key, { ...found.value.value, expires_at_ms: Date.now() - 1 })
+      }),
+    )
+    await page.goto(`${stack.url}/runs`)
+    await page.waitForSelector("h1:text('Sign in to Hangar')")
+    // Forged: a well-formed id that no session has.
+    await browser.context.addCookies([
+      {
+        name: ConsoleSessions.SESSION_COOKIE,
+        value: randomBytes(32).toString("base64url"),
+        url: stack.url,
+      },
+    ])
+    await page.goto(`${stack.url}/keys`)
+    await page.waitForSelector("h1:text('Sign in to Hangar')")
+    const forged = await call(stack, "GET", "/v1/me", {
+      cookie: `${ConsoleSessions.SESSION_COOKIE}=${randomBytes(32).toString("base64url")}`,
+    })
+    expect(forged.status).toBe(401)
+    expect(forged.body.code).toBe("unauthenticated")
+    // Signed out: the cookie's session is gone on the server too.
+    await signIn(acct.ownerEmail)
+    const before = (await sessionCookie())!.value
+    await page.click("button:text('Sign out')")
+    await page.waitForSelector("h1:text('Sign in to Hangar')")
+    const after = await call(stack, "GET", "/v1/me", {
+      cookie: `${ConsoleSessions.SESSION_COOKIE}=${before}`,
+    })
+    expect(after.status).toBe(401)
+  })
+
+  it("a request with the cookie that changes something needs the session's CSRF token", async () => {
+    await signIn(acct.ownerEmail)
+    // Run in the page (plain script: this project's typings have no DOM).
+    const tried = (await page.evaluate(`(async () => {
+      const post = (headers) =>
+        fetch("/v1/keys", {
+          method: "POST",
+          headers: { "content-type": "application/json", "service-account": ${JSON.stringify(acct.id)}, ...headers },
+          body: JSON.stringify({ name: "csrf-probe", scope: "admin" }),
+        }).then(async (r) => ({ status: r.status, body: await r.json() }))
+      const session = await (await fetch("/console/session")).json()
+      return {
+        none: await post({}),
+        wrong: await post({ "x-csrf-token": "A".repeat(43) }),
+        right: await post({ "x-csrf-token": session.csrf }),
+      }
+    })()`)) as Record<"none" | "wrong" | "right", { status: number; body: Record<string, unknown> }>
+    expect(tried.none.status).toBe(403)
+    expect(tried.none.body).toMatchObject({ code: "csrf_token", error: expect.any(String) })
+    expect(tried.wrong.status).toBe(403)
+    expect(tried.wrong.body.code).toBe("csrf_token")
+    expect(tried.right.status).toBe(201)
+    // A GET needs none.
+    const { value } = (await sessionCookie())!
+    const me = await call(stack, "GET", "/v1/me", { cookie: `${ConsoleSessions.SESSION_COOKIE}=${value}` })
+    expect(me.status).toBe(200)
+    expect(me.body.email).toBe(acct.ownerEmail)
+  })
+})
+
+describe("CLI login approval", () => {
+  it("the page a `hangar login` URL opens shows the machine and the code; approving finishes the CLI", async () => {
+    await signIn(acct.ownerEmail)
+    const home = configHome()
+    let started: (v: { id: string; code: string; url: string }) => void = () => {}
+    const login = new Promise<{ id: string; code: string; url: string }>((r) => {
+      started = r
+    })
+    const ran = hangar(["login", "--json", "--name", "laptop-7"], {
+      env: { SERVICE_API: stack.url, XDG_CONFIG_HOME: home },
+      onStdout: (chunk) => {
+        const first = chunk.split("\n")[0]
+        if (first) started(JSON.parse(first))
+      },
+    })
+    const { url, code } = await login
+    expect(url.startsWith(`${stack.url}/cli-logins/`)).toBe(true)
+    await page.goto(url)
+    await page.waitForSelector("#login-machine:text('laptop-7')")
+    expect(await page.textContent("#login-code")).toBe(code)
+    await shot("cli-login")
+    await page.click("#approve")
+    await page.waitForSelector("#approved")
+    const done = await ran
+    expect(done.status, done.stderr).toBe(0)
+    const saved = JSON.parse(readFileSync(join(home, "hangar", "credentials.json"), "utf8"))[stack.url]
+    expect(saved).toMatchObject({ account: acct.id, name: "laptop-7", key: expect.stringMatching(/^hgr_/) })
+    await shot("cli-login-approved")
+  })
+})
+
+describe("runs", () => {
+  it("a run page follows the run from queued to succeeded without a reload; its output downloads whole", async () => {
+    await signIn(acct.ownerEmail)
+    const fn = await publish(stack, acct, { name: "console-fn", output_manifest: [{ path: "answer.txt" }] })
+    // No host: the run waits in the queue, where the page first finds it.
+    await stack.stopHost()
+    const run = await startRun(stack, acct, fn.function, { prompt: "answer" })
+    await page.goto(`${stack.url}/runs/${run.id}`)
+    await page.waitForSelector(".page-head [data-state='queued']")
+    // Every state the page's badge shows, recorded in the page; and a mark a reload would lose.
+    await page.evaluate(`(() => {
+      const seen = []
+      window.seen = seen
+      const badge = () => document.querySelector(".page-head [data-state]")?.getAttribute("data-state") ?? ""
+      seen.push(badge())
+      new MutationObserver(() => {
+        const now = badge()
+        if (seen[seen.length - 1] !== now) seen.push(now)
+      }).observe(document.body, { subtree: true, childList: true, attributes: true })
+    })()`)
+    await shot("run-queued")
+    await stack.startHost()
+    await page.waitForSelector(".page-head [data-state='running']", { timeout: 180_000 })
+    const wrote = expectStatus(
+      await call(stack, "POST", `/v1/runs/${run.id}/commands`, acct.admin, {
+        kind: "bash",
+        arguments: { command: "echo forty-two > out/answer.txt; echo wrote it" },
+      }),
+      201,
+      "bash",
+    )
+    await page.waitForSelector(`[data-command='${wrote.id}'] [data-state='succeeded']`)
+    await page.click(`[data-command='${wrote.id}'] summary`)
+    await page.waitForSelector(`[data-command='${wrote.id}'] pre:text('wrote it')`)
+    expectStatus(
+      await call(stack, "POST", `/v1/runs/${run.id}/commands`, acct.admin, {
+        kind: "finish",
+        arguments: { state: "succeeded" },
+      }),
+      201,
+      "finish",
+    )
+    await page.waitForSelector(".page-head [data-state='succeeded']", { timeout: 120_000 })
+    const seen = await page.evaluate("window.seen")
+    expect(seen).toEqual(["queued", "running", "succeeded"])
+    await page.waitForSelector("#download-output")
+    await page.waitForSelector(".log .log-line")
+    await shot("run-succeeded")
+
+    const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download-output")])
+    const file = await download.path()
+    const sha = createHash("sha256").update(readFileSync(file)).digest("hex")
+    const ended = await getRun(stack, acct, run.id)
+    expect(sha).toBe(ended.output.sha256)
+
+    // The list shows it, with the filters in the address.
+    await page.goto(`${stack.url}/runs?state=succeeded`)
+    await page.waitForSelector(`[data-run='${run.id}'] [data-state='succeeded']`)
+    await page.goto(`${stack.url}/runs?state=failed`)
+    await page.waitForSelector("text=No runs match these filters")
+    await page.goto(`${stack.url}/runs`)
+    await page.waitForSelector(`[data-run='${run.id}']`)
+    await shot("runs")
+    await page.setViewportSize({ width: 390, height: 844 })
+    await shot("runs-phone")
+    await page.goto(`${stack.url}/runs/${run.id}`)
+    await page.waitForSelector(".page-head [data-state='succeeded']")
+    await shot("run-phone")
+    await page.setViewportSize({ width: 1280, height: 800 })
+  })
+})
+
+describe("keys and members", () => {
+  it("an owner creates a key (its token shown once, and it works) and revokes it", async () => {
+    await signIn(acct.ownerEmail)
+    await page.goto(`${stack.url}/keys`)
+    await page.fill("#key-name", "from-console")
+    await page.click("#create-key")
+    const token = await page.inputValue("#new-token")
+    expect(token).toMatch(/^hgr_/)
+    await shot("keys")
+    const works = await call(stack, "GET", "/v1/functions", { authorization: `Bearer ${token}` })
+    expect(works.status).toBe(200)
+    page.once("dialog", (d) => void d.accept())
+    await page.click("[data-key='from-console'] button:text('Revoke')")
+    await page.waitForSelector("[data-key='from-console'] td:nth-child(4):not(:text('—'))")
+    const revoked = await call(stack, "GET", "/v1/functions", { authorization: `Bearer ${token}` })
+    expect(revoked.status).toBe(401)
+    // Once done, the token is not shown again.
+    await page.click("button:text('Done')")
+    expect(await page.$("#new-token")).toBeNull()
+  })
+
+  it("a member sees no owner-only controls, and forcing the call gets owners_only; the switcher changes account", async () => {
+    const member = `member-${randomBytes(4).toString("hex")}@example.com`
+    expectStatus(
+      await call(stack, "POST", "/v1/invites", acct.owner, { email: member, role: "member" }),
+      201,
+      "invite",
+    )
+    const memberToken = await personToken(stack.env.OIDC_KEY_FILE!, member)
+    expectStatus(
+      await call(stack, "POST", `/v1/invites/${acct.id}/accept`, { authorization: `Bearer ${memberToken}` }),
+      200,
+      "accept",
+    )
+    // The member also owns an account of their own: the switcher shows both.
+    const own = await stack.run(Effect.flatMap(Accounts, (a) => a.createAccount("own-lab", member)))
+    await signIn(member)
+    await page.selectOption("#account", acct.id)
+    await page.goto(`${stack.url}/members`)
+    await page.waitForSelector(`td:text("${member}")`)
+    expect(await page.$("a:text('Keys')")).toBeNull()
+    expect(await page.$("button:text('Invite')")).toBeNull()
+    expect(await page.$("button:text('Remove')")).toBeNull()
+    await shot("members-as-member")
+    const forced = await page.evaluate(`(async () => {
+      const session = await (await fetch("/console/session")).json()
+      const r = await fetch("/v1/keys", {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          "service-account": ${JSON.stringify(acct.id)},
+          "x-csrf-token": session.csrf,
+        },
+        body: JSON.stringify({ name: "sneaky", scope: "admin" }),
+      })
+      return { status: r.status, body: await r.json() }
+    })()`)
+    expect(forced).toMatchObject({ status: 403, body: { code: "owners_only" } })
+    // In the account they own, the owner's controls are there.
+    await page.selectOption("#account", own.account.id)
+    await page.waitForSelector("nav a:text('Keys')")
+    await page.click("nav a:text('Members')")
+    await page.waitForSelector("button:text('Invite')")
+    // The owner sees the controls.
+    await signIn(acct.ownerEmail)
+    await page.goto(`${stack.url}/members`)
+    await page.waitForSelector("button:text('Invite')")
+    await page.waitForSelector(`td:text("${member}")`)
+    await shot("members")
+  })
+})
