@@ -21,6 +21,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["agent", "agent.ts", ["200"]],
   ["prompt-cache", "prompt-cache.ts", ["20"]],
   ["chaos", "chaos.ts", ["30", "18"]],
+  ["chaos-cluster", "chaos.ts", ["cluster", "30", "18"]],
   ["output-pack", "output-pack.ts", ["128"]],
   ["cli", "cli.ts", ["20", "1024"]],
   ["qemu", "qemu.ts", ["1", "20", "auto"]],

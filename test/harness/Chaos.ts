@@ -330,7 +330,8 @@ export interface Fault {
 
 /**
  * `runs` runs of `plan` at once; once a third of all their commands have ended, `fault` is
- * injected, and healed `downMs` later. Answers each run's outcome and the round's wall time.
+ * injected, and healed `downMs` later. Answers each run's outcome, the round's wall time, and
+ * whether the fault was injected (the runs reached the count).
  */
 export const round = async (
   c: Client,
@@ -338,7 +339,11 @@ export const round = async (
   plan: Omit<RunPlan, "onCommandEnded">,
   runs: number,
   fault?: Fault,
-): Promise<{ readonly outcomes: ReadonlyArray<RunOutcome>; readonly wallMs: number }> => {
+): Promise<{
+  readonly outcomes: ReadonlyArray<RunOutcome>
+  readonly wallMs: number
+  readonly injected: boolean
+}> => {
   const at = Math.max(1, Math.floor((runs * (plan.appends + 2)) / 3))
   let done = 0
   let injected: Promise<void> | undefined
@@ -356,7 +361,7 @@ export const round = async (
     Array.from({ length: runs }, () => oneRun(c, acct, { ...plan, onCommandEnded })),
   )
   await injected
-  return { outcomes, wallMs: Date.now() - began }
+  return { outcomes, wallMs: Date.now() - began, injected: injected !== undefined }
 }
 
 /** The distributed shape on a 3-node cluster (`clusterStack`). */

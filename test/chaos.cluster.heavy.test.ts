@@ -1,0 +1,190 @@
+/**
+ * Faults on the distributed shape (issue 24): a 3-node JetStream cluster with every store R3, and
+ * every role its own process, several of each (`clusterStack`: two gateways, two actor workers,
+ * three host agents). For each fault, a round of runs on fresh runs, driven by the careful client of
+ * `test/harness/Chaos.ts`: a nats-server node SIGKILLed and restarted on its store, a gateway
+ * SIGKILLed (its clients go to the other) and restarted, an actor worker and a host agent SIGKILLed
+ * and restarted, a node SIGSTOPped for 15 s. After each every run succeeds, each command's effect
+ * is there once (a command a restarted host agent ended `failed` at most once), outputs match
+ * their sha256, the ledger bills each run its started minutes exactly, and no client saw a 500.
+ * Last, a host agent SIGKILLed for good: its runs fail `infrastructure`, billed only their started
+ * minutes, and the runs queued behind go to the other hosts.
+ */
+import { Effect, Option, Schema } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as Kv from "../core/Kv.ts"
+import { Storage } from "../core/Storage.ts"
+import {
+  ask,
+  type Client,
+  type ClusterStack,
+  client,
+  clusterStack,
+  drive,
+  type Fault,
+  nothingSent,
+  type RunOutcome,
+  round,
+  settle,
+  until,
+} from "./harness/Chaos.ts"
+import { createAccount, type Json, publish, type Stack, type TestAccount } from "./harness/Stack.ts"
+
+const minuteMs = 5_000
+/** Runs per round: the three hosts' room (two size `s` runs each). */
+const runs = 6
+const appends = 6
+
+const problems = (stack: Stack) =>
+  stack.lines
+    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
+    .map((l) => `${l.role} ${l.line}`)
+    .slice(-30)
+    .join("\n")
+
+/** Everything wrong with a round, in words (empty: nothing). */
+const wrong = (c: Client, outcomes: ReadonlyArray<RunOutcome>) => [
+  ...outcomes.flatMap((o) => [
+    ...(o.state === "succeeded" ? [] : [`${o.run}: ${o.state} ${o.failure ?? ""} ${o.detail ?? ""}`]),
+    ...o.problems.map((p) => `${o.run}: ${p}`),
+  ]),
+  ...[...c.seen.where].map((w) => `500 for ${w}`),
+]
+
+describe("faults on a 3-node cluster with every role its own process", () => {
+  let c: ClusterStack
+  let acct: TestAccount
+  let fn: string
+
+  beforeAll(async () => {
+    c = await clusterStack({ hostVcpus: 2, hostMemoryMib: 4096, minuteMs, queueTimeoutMs: 600_000 })
+    acct = await createAccount(c.stack, { creditUsd: 100, memoryMib: 64 * 1024 })
+    fn = (await publish(c.stack, acct, { timeout_minutes: 30 })).function
+  }, 300_000)
+
+  afterAll(async () => {
+    if (c === undefined) return
+    const left = await c.close()
+    if (left.length > 0) throw new Error(`machines left behind: ${left.join(", ")}`)
+  }, 240_000)
+
+  const faults: ReadonlyArray<readonly [string, () => Fault]> = [
+    [
+      "a nats-server node SIGKILLed, then restarted on its store",
+      () => ({ inject: c.cluster.nodes[0]!.kill, heal: c.cluster.nodes[0]!.restart, downMs: 3_000 }),
+    ],
+    [
+      "a gateway SIGKILLed (its clients go to the other), then restarted",
+      () => ({ inject: c.stack.killGateway, heal: c.stack.startGateway, downMs: 3_000 }),
+    ],
+    [
+      "an actor worker SIGKILLed, then restarted",
+      () => ({ inject: c.stack.killActors, heal: c.stack.startActors, downMs: 3_000 }),
+    ],
+    [
+      "a host agent SIGKILLed, then restarted",
+      () => ({ inject: c.stack.killHost, heal: c.stack.startHost, downMs: 3_000 }),
+    ],
+    [
+      "a nats-server node SIGSTOPped for 15 s",
+      () => ({
+        inject: async () => {
+          process.kill(c.cluster.nodes[1]!.pid, "SIGSTOP")
+        },
+        heal: async () => {
+          process.kill(c.cluster.nodes[1]!.pid, "SIGCONT")
+        },
+        downMs: 15_000,
+      }),
+    ],
+  ]
+
+  for (const [name, fault] of faults)
+    it(`${name}: every run succeeds, each command's effect once, outputs intact, ledger = started minutes, no 500`, async () => {
+      const cl = client(c.urls)
+      const plan = { function: fn, appends, minuteMs, runs: c.stack.runs }
+      const { outcomes, injected, wallMs } = await round(cl, acct, plan, runs, fault())
+      const failed = outcomes.reduce((n, o) => n + o.failedCommands, 0)
+      console.log(
+        `${name}: ${outcomes.length} runs, ${failed} commands failed, ${cl.seen.retried} requests retried (${[...cl.seen.statuses].map(([s, n]) => `${n}×${s}`).join(" ")}), ${(wallMs / 1000).toFixed(1)} s`,
+      )
+      expect(injected).toBe(true)
+      expect(wrong(cl, outcomes), problems(c.stack)).toEqual([])
+      expect(outcomes.map((o) => o.state)).toEqual(Array(runs).fill("succeeded"))
+      expect(outcomes.every((o) => o.outputOk === true && o.linesWrong === 0 && o.extra === 0)).toBe(true)
+      expect(outcomes.every((o) => o.billed === o.startedMinutes)).toBe(true)
+      expect(cl.seen.fiveHundreds).toBe(0)
+    }, 600_000)
+
+  it("a host agent SIGKILLed and not restarted: its runs fail infrastructure billed their started minutes, the runs queued behind go to the other hosts", async () => {
+    const cl = client(c.urls)
+    const plan = { function: fn, appends: 2, minuteMs, runs: c.stack.runs }
+    const hostOf = (run: string) =>
+      c.stack.run(
+        Effect.gen(function* () {
+          const { names } = yield* Storage
+          const kv = yield* Kv.make(
+            names.kv.runs.name,
+            Schema.Struct({ host: Schema.optional(Schema.String) }),
+          )
+          const entry = yield* kv.get(`${acct.id}.${run}`)
+          return Option.isSome(entry) ? entry.value.value.host : undefined
+        }),
+      )
+    // Two more runs than the hosts have room for: six run, two wait.
+    const started: Array<string> = []
+    for (let i = 0; i < runs + 2; i++) {
+      const answer = await ask(cl, "POST", `/v1/functions/${fn}/runs`, acct.admin, { prompt: "go" })
+      expect(answer.status, answer.text).toBe(201)
+      c.stack.runs.add(answer.body.id)
+      started.push(answer.body.id)
+    }
+    const states = () =>
+      Promise.all(started.map((run) => until(cl, `/v1/runs/${run}`, acct.admin, () => true)))
+    let now: ReadonlyArray<Json> = await states()
+    while (now.filter((r) => r.state === "running").length < runs) {
+      expect(now.every((r) => r.state === "queued" || r.state === "running")).toBe(true)
+      await new Promise((r) => setTimeout(r, 500))
+      now = await states()
+    }
+    const queued = started.filter((_, i) => now[i].state === "queued")
+    expect(queued.length).toBe(2)
+    const dead = c.hosts[0]!
+    const hosts = await Promise.all(started.map(hostOf))
+    const onDead = started.filter((_, i) => hosts[i] === dead.id)
+    expect(onDead.length).toBeGreaterThan(0)
+    await dead.role.kill()
+
+    const outcomes = await Promise.all(
+      started.map(async (run) =>
+        onDead.includes(run)
+          ? settle(cl, acct, run, plan, nothingSent)
+          : settle(cl, acct, run, plan, await drive(cl, acct, run, plan)),
+      ),
+    )
+    for (const [i, run] of started.entries()) {
+      const o = outcomes[i]!
+      if (onDead.includes(run)) {
+        // The scheduler judged the host gone (its heartbeat stale, and still so 5 s later).
+        expect(o, problems(c.stack)).toMatchObject({ state: "failed", failure: "infrastructure" })
+        expect(o.startedMinutes).toBeGreaterThan(0)
+        expect(o.billed).toBe(o.startedMinutes)
+        expect(o.problems).toEqual([])
+      } else {
+        expect(o.state, `${run}: ${o.detail}\n${problems(c.stack)}`).toBe("succeeded")
+        expect(o.problems).toEqual([])
+      }
+    }
+    for (const run of queued) expect(await hostOf(run)).not.toBe(dead.id)
+    expect([...cl.seen.where]).toEqual([])
+
+    // The next life of the host id removes what the dead one left (`close` finds nothing), and the
+    // scheduler holds none of the failed runs' room against it: a full round uses it again.
+    await c.startHost(dead.id)
+    const again = client(c.urls)
+    const next = await round(again, acct, { ...plan, appends: 1 }, runs)
+    expect(wrong(again, next.outcomes), problems(c.stack)).toEqual([])
+    const used = await Promise.all(next.outcomes.map((o) => hostOf(o.run!)))
+    expect(used).toContain(dead.id)
+  }, 600_000)
+})
