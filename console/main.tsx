@@ -16,6 +16,7 @@ import { ProvidersPage } from "./pages/Providers.tsx"
 import { RunPage } from "./pages/Run.tsx"
 import { RunsPage } from "./pages/Runs.tsx"
 import { SignInPage } from "./pages/SignIn.tsx"
+import { TerminalPage } from "./pages/Terminal.tsx"
 import { UsagePage } from "./pages/Usage.tsx"
 import { match, navigate, useLocation } from "./router.ts"
 import { type Who, WhoContext } from "./session.ts"
@@ -46,6 +47,8 @@ const Body = (props: { readonly path: string; readonly query: URLSearchParams; r
       </p>
     )
   if (path === "/" || path === "/runs") return <RunsPage query={query} />
+  const terminal = match("/runs/:id/terminal", path)
+  if (terminal) return <TerminalPage id={terminal.id!} />
   const run = match("/runs/:id", path)
   if (run) return <RunPage id={run.id!} />
   const login = match("/cli-logins/:id", path)

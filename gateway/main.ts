@@ -11,6 +11,7 @@ import * as Links from "../core/Links.ts"
 import { IssuerSettings } from "../core/LocalIssuer.ts"
 import type { Nats } from "../core/Nats.ts"
 import type { Storage } from "../core/Storage.ts"
+import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Accounts from "./accounts/routes.ts"
 import type { AccountStates } from "./accounts/States.ts"
 import * as Auth from "./auth/Auth.ts"
@@ -60,6 +61,7 @@ const groupServices = Layer.mergeAll(
   Uploads.layer,
   ConsoleAssets.layer,
   ConsoleSettings.layerFromEnv,
+  TerminalSettings.layerFromEnv,
 )
 
 /**

@@ -35,6 +35,8 @@ let acct: TestAccount
 let browser: TestBrowser
 let page: Page
 const shots = mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
+/** What the pages logged as errors (a CSP violation, a script failure). */
+const pageErrors: Array<string> = []
 
 /** The stack's variables as `hangar admin` reads them. */
 const adminEnv = (extra: Record<string, string> = {}) => ({
@@ -70,10 +72,18 @@ const sessionCookie = async () =>
   (await browser.context.cookies(stack.url)).find((c) => c.name === ConsoleSessions.SESSION_COOKIE)
 
 beforeAll(async () => {
-  stack = await startStack({ logFlushMs: 300 })
+  stack = await startStack({ logFlushMs: 300, relay: true })
   acct = await createAccount(stack, { name: "acme" })
   browser = await launchBrowser()
   page = await browser.page()
+  page.on("console", (m) => {
+    if (
+      m.type() === "error" &&
+      !/Failed to load resource: the server responded with a status of 4\d\d/.test(m.text())
+    )
+      pageErrors.push(`${page.url()}: ${m.text()}`)
+  })
+  page.on("pageerror", (e) => pageErrors.push(`${page.url()}: ${e.message}`))
   console.log(`console screenshots: ${shots}`)
 }, 300_000)
 
@@ -307,6 +317,34 @@ describe("runs", () => {
   })
 })
 
+describe("terminal", () => {
+  it("a browser terminal on a running run runs what is typed, end to end encrypted", async () => {
+    await signIn(acct.ownerEmail)
+    const fn = await publish(stack, acct, { name: "console-shell", output_manifest: [{ path: "x.txt" }] })
+    const run = await startRun(stack, acct, fn.function, { prompt: "shell" })
+    await page.goto(`${stack.url}/runs/${run.id}`)
+    await page.waitForSelector(".page-head [data-state='running']", { timeout: 180_000 })
+    // A page load: the terminal's page has its own CSP (inline styles for xterm.js).
+    await page.click("#open-terminal")
+    await page.waitForURL(`${stack.url}/runs/${run.id}/terminal`)
+    await page.waitForSelector("#terminal-status:text('connected')")
+    await page.click("#terminal")
+    await page.keyboard.type("echo answer=$((6*7)); stty size\n")
+    await page.waitForSelector(".xterm-rows:has-text('answer=42')")
+    await shot("terminal")
+    await page.keyboard.type("exit 3\n")
+    await page.waitForSelector("#terminal-status:text('the shell exited with status 3')")
+    expectStatus(
+      await call(stack, "POST", `/v1/runs/${run.id}/commands`, acct.admin, {
+        kind: "finish",
+        arguments: { state: "failed", detail: "done looking" },
+      }),
+      201,
+      "finish",
+    )
+  })
+})
+
 describe("keys and members", () => {
   it("an owner creates a key (its token shown once, and it works) and revokes it", async () => {
     await signIn(acct.ownerEmail)
@@ -376,5 +414,11 @@ describe("keys and members", () => {
     await page.waitForSelector("button:text('Invite')")
     await page.waitForSelector(`td:text("${member}")`)
     await shot("members")
+  })
+})
+
+describe("pages", () => {
+  it("broke no Content-Security-Policy rule and threw nothing", () => {
+    expect(pageErrors).toEqual([])
   })
 })

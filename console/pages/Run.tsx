@@ -232,6 +232,14 @@ export const RunPage = (props: { readonly id: string }) => {
           ) : null}
         </>
       ) : null}
+      {run.state === "running" ? (
+        <p>
+          {/* A page load, not an in-app link: the terminal's page has its own Content-Security-Policy. */}
+          <a class="button" href={`/runs/${run.id}/terminal`} id="open-terminal">
+            Open a terminal
+          </a>
+        </p>
+      ) : null}
       <h2>Commands</h2>
       {commands.length === 0 ? (
         <p class="empty">No commands yet.</p>

@@ -24,6 +24,7 @@ import {
   SESSION_COOKIE,
   sessionIdOf,
 } from "../../core/ConsoleSessions.ts"
+import { relayUrlOf, TerminalSettings } from "../../core/TerminalSettings.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { bytes, empty, error, json, type Reply } from "../Response.ts"
 import { route } from "../Router.ts"
@@ -35,6 +36,7 @@ export const pagePaths = [
   "/sign-in",
   "/runs",
   "/runs/:id",
+  "/runs/:id/terminal",
   "/cli-logins/:id",
   "/keys",
   "/members",
@@ -44,26 +46,38 @@ export const pagePaths = [
   "/usage",
 ] as const
 
-/** The Content-Security-Policy of every page. */
-export const contentSecurityPolicy = [
-  "default-src 'none'",
-  "script-src 'self'",
-  "style-src 'self'",
-  "img-src 'self' data:",
-  "font-src 'self'",
-  "connect-src 'self' ws: wss:",
-  "base-uri 'none'",
-  "form-action 'self'",
-  "frame-ancestors 'none'",
-].join("; ")
+/**
+ * The Content-Security-Policy of a page: scripts from this origin only (no inline script, no
+ * `eval`), connections to this origin and the terminal relay only. Styles too come from this
+ * origin only, except on the terminal's page, where xterm.js writes `<style>` elements.
+ */
+export const contentSecurityPolicy = (relayUrl: string, inlineStyles: boolean) => {
+  let relay = ""
+  try {
+    relay = new URL(relayUrl).origin
+  } catch {
+    relay = ""
+  }
+  return [
+    "default-src 'none'",
+    "script-src 'self'",
+    `style-src 'self'${inlineStyles ? " 'unsafe-inline'" : ""}`,
+    "img-src 'self' data:",
+    "font-src 'self'",
+    `connect-src 'self'${relay === "" || relay === "null" ? "" : ` ${relay}`}`,
+    "base-uri 'none'",
+    "form-action 'self'",
+    "frame-ancestors 'none'",
+  ].join("; ")
+}
 
-const pageHeaders = {
+const pageHeaders = (csp: string) => ({
   "cache-control": "no-cache",
-  "content-security-policy": contentSecurityPolicy,
+  "content-security-policy": csp,
   "x-content-type-options": "nosniff",
   "referrer-policy": "no-referrer",
   "x-frame-options": "DENY",
-}
+})
 
 const assetHeaders = {
   "cache-control": "public, max-age=31536000, immutable",
@@ -90,14 +104,17 @@ const redirect = (location: string, headers: Record<string, string> = {}): Reply
     headers: { location, "cache-control": "no-store", "referrer-policy": "no-referrer", ...headers },
   })
 
-const page = Effect.flatMap(ConsoleAssets, (a) => a.built).pipe(
-  Effect.map((built) => bytes(built.html, { contentType: "text/html; charset=utf-8", headers: pageHeaders })),
-  Effect.orDie,
-)
+const page = (path: string) =>
+  Effect.gen(function* () {
+    const built = yield* Effect.orDie(Effect.flatMap(ConsoleAssets, (a) => a.built))
+    const relay = relayUrlOf(yield* TerminalSettings.Tag)
+    const csp = contentSecurityPolicy(relay, path.endsWith("/terminal"))
+    return bytes(built.html, { contentType: "text/html; charset=utf-8", headers: pageHeaders(csp) })
+  })
 
 /** The console's routes. */
 export const routes = [
-  ...pagePaths.map((path) => route({ method: "GET", path, storeless: true, handler: () => page })),
+  ...pagePaths.map((path) => route({ method: "GET", path, storeless: true, handler: () => page(path) })),
   route({
     method: "GET",
     path: "/assets/:file",
