@@ -9,12 +9,13 @@ import { createHash, randomBytes } from "node:crypto"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import type { Page } from "playwright-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Accounts } from "../core/Accounts.ts"
 import * as ConsoleSessions from "../core/ConsoleSessions.ts"
 import { personToken } from "../gateway/auth/testing.ts"
+import * as OpenAiFake from "./fakes/OpenAiFake.ts"
 import { launchBrowser, type TestBrowser } from "./harness/Browser.ts"
 import { configHome, hangar } from "./harness/Cli.ts"
 import {
@@ -24,6 +25,7 @@ import {
   expectStatus,
   getRun,
   publish,
+  publishProvider,
   type Stack,
   startRun,
   startStack,
@@ -34,6 +36,9 @@ let stack: Stack
 let acct: TestAccount
 let browser: TestBrowser
 let page: Page
+let openai: OpenAiFake.OpenAiFake
+const scope = Effect.runSync(Scope.make())
+const VENDOR_KEY = `sk-console-${randomBytes(8).toString("hex")}`
 const shots = mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
 /** What the pages logged as errors (a CSP violation, a script failure). */
 const pageErrors: Array<string> = []
@@ -72,7 +77,10 @@ const sessionCookie = async () =>
   (await browser.context.cookies(stack.url)).find((c) => c.name === ConsoleSessions.SESSION_COOKIE)
 
 beforeAll(async () => {
-  stack = await startStack({ logFlushMs: 300, relay: true })
+  openai = await Effect.runPromise(
+    OpenAiFake.make({ keys: [VENDOR_KEY], models: ["gpt-5"] }).pipe(Scope.extend(scope)),
+  )
+  stack = await startStack({ logFlushMs: 300, relay: true, settings: { OPENAI_BASE_URL: openai.url } })
   acct = await createAccount(stack, { name: "acme" })
   browser = await launchBrowser()
   page = await browser.page()
@@ -90,6 +98,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await browser?.close()
   await closeStack(stack)
+  await Effect.runPromise(Scope.close(scope, Exit.void))
 }, 300_000)
 
 describe("sign-in", () => {
@@ -414,6 +423,35 @@ describe("keys and members", () => {
     await page.waitForSelector("button:text('Invite')")
     await page.waitForSelector(`td:text("${member}")`)
     await shot("members")
+  })
+})
+
+describe("functions, providers and usage", () => {
+  it("show the versions with their definitions, the providers without their keys, the balance and ledger", async () => {
+    await signIn(acct.ownerEmail)
+    await publishProvider(
+      stack,
+      acct,
+      "main",
+      { provider: "openai", model: "gpt-5", compact_at_tokens: 200_000 },
+      VENDOR_KEY,
+    )
+    await page.goto(`${stack.url}/providers`)
+    await page.waitForSelector("text=openai gpt-5")
+    expect(await page.content()).not.toContain(VENDOR_KEY)
+    await shot("providers")
+
+    await page.goto(`${stack.url}/functions`)
+    await page.click("a:text('console-fn')")
+    await page.waitForSelector("details[open] pre:has-text('answer.txt')")
+    await shot("function")
+
+    await page.goto(`${stack.url}/usage`)
+    await page.waitForSelector("#balance")
+    // The runs above were billed: compute entries, each linking to its run.
+    await page.waitForSelector("td:text('compute')")
+    await page.waitForSelector("td a[href^='/runs/run_']")
+    await shot("usage")
   })
 })
 
