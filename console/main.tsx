@@ -4,6 +4,8 @@
  * (`GET /console/session`) and in which accounts (`GET /v1/me`).
  */
 import "./style.css"
+// xterm's styles are small and go with the app's; its script is a chunk of its own (below).
+import "@xterm/xterm/css/xterm.css"
 import { render } from "preact"
 import { useCallback, useEffect, useState } from "preact/hooks"
 import { api, configure, describe, type Json } from "./api.ts"
@@ -16,7 +18,6 @@ import { ProvidersPage } from "./pages/Providers.tsx"
 import { RunPage } from "./pages/Run.tsx"
 import { RunsPage } from "./pages/Runs.tsx"
 import { SignInPage } from "./pages/SignIn.tsx"
-import { TerminalPage } from "./pages/Terminal.tsx"
 import { UsagePage } from "./pages/Usage.tsx"
 import { match, navigate, useLocation } from "./router.ts"
 import { type Who, WhoContext } from "./session.ts"
@@ -48,7 +49,7 @@ const Body = (props: { readonly path: string; readonly query: URLSearchParams; r
     )
   if (path === "/" || path === "/runs") return <RunsPage query={query} />
   const terminal = match("/runs/:id/terminal", path)
-  if (terminal) return <TerminalPage id={terminal.id!} />
+  if (terminal) return <LazyTerminal id={terminal.id!} />
   const run = match("/runs/:id", path)
   if (run) return <RunPage id={run.id!} />
   const login = match("/cli-logins/:id", path)
@@ -61,6 +62,17 @@ const Body = (props: { readonly path: string; readonly query: URLSearchParams; r
   if (path === "/providers") return <ProvidersPage />
   if (path === "/usage") return <UsagePage />
   return <p class="empty">No such page.</p>
+}
+
+/** The terminal page, its script (xterm.js) loaded only when a terminal is opened. */
+const LazyTerminal = (props: { readonly id: string }) => {
+  const [page, setPage] = useState<typeof import("./pages/Terminal.tsx") | undefined>(undefined)
+  const [problem, setProblem] = useState<string | undefined>(undefined)
+  useEffect(() => {
+    import("./pages/Terminal.tsx").then(setPage, (e) => setProblem(describe(e)))
+  }, [])
+  if (problem !== undefined) return <Problem text={problem} />
+  return page === undefined ? <p class="loading">Loading…</p> : <page.TerminalPage id={props.id} />
 }
 
 const App = () => {

@@ -3,7 +3,6 @@
  * session (`terminal.ts`) opens. xterm styles itself with `<style>` elements, so this one page is
  * served with `style-src 'unsafe-inline'`; its scripts stay as strict as on every other page.
  */
-import "@xterm/xterm/css/xterm.css"
 import { Terminal as XTerm } from "@xterm/xterm"
 import { useEffect, useRef, useState } from "preact/hooks"
 import { describe } from "../api.ts"

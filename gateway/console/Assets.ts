@@ -66,8 +66,11 @@ export const build: Effect.Effect<Built, ConsoleBuildError> = Effect.tryPromise(
       entryPoints: { app: entry },
       outdir: "/assets",
       entryNames: "[name]-[hash]",
+      chunkNames: "[name]-[hash]",
       assetNames: "[name]-[hash]",
       bundle: true,
+      // Pages loaded on demand (the terminal's xterm.js) are chunks of their own.
+      splitting: true,
       format: "esm",
       platform: "browser",
       target: "es2022",
