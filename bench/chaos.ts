@@ -97,6 +97,11 @@ const row = (fault: string, c: Client, outcomes: ReadonlyArray<RunOutcome>, wall
   const lost = outcomes.flatMap((o) => (o.detail === undefined || o.state === "succeeded" ? [] : [o.detail]))
   for (const d of new Set(lost)) notes.push(`${fault}: lost: ${d}`)
   for (const w of c.seen.where) notes.push(`${fault}: 500 for ${w}`)
+  const odd = [...c.seen.statuses].filter(([s]) => s === 0 || s >= 400)
+  if (odd.length > 0)
+    notes.push(
+      `${fault}: answers other than 2xx: ${odd.map(([s, n]) => `${n}×${s === 0 ? "no connection" : s}`).join(", ")}`,
+    )
   for (const o of outcomes) for (const p of o.problems) notes.push(`${fault}: ${o.run}: ${p}`)
   const sum = (f: (o: RunOutcome) => number) => outcomes.reduce((n, o) => n + f(o), 0)
   const outputs = outcomes.filter((o) => o.outputOk !== undefined)
