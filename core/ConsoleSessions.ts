@@ -4,15 +4,18 @@
  *
  * - `link.<sha256 hex of the link secret>` → `{email, expires_at_ms, used}`: made by `hangar admin
  *   console-link`, used once (compare-and-set from unused to used: of two openings at once, one wins);
- * - `session.<sha256 hex of the session id>` → `{email, expires_at_ms}`: made when a link is used,
- *   deleted on sign-out, refused once past its expiry (and aged out of the bucket later).
+ * - `session.<sha256 hex of the session id>` → `{email, expires_at_ms}`: made when a link is used
+ *   (or an OIDC sign-in ends), deleted on sign-out, refused once past its expiry (and aged out of
+ *   the bucket later);
+ * - `oidc.<sha256 hex of the state>` → `{verifier, nonce, expires_at_ms, used}`: an OIDC sign-in
+ *   under way (authorization code with PKCE), used once by its callback.
  *
  * The session id travels only in the `HttpOnly` cookie. The CSRF token the console sends with each
  * request that changes something is derived from the session id (`csrfOf`): a page that cannot read
  * the cookie cannot compute it, and the token does not reveal the id.
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto"
-import { Clock, Context, Effect, Layer, Option, Schema } from "effect"
+import { Clock, Context, Effect, Layer, Option, Redacted, Schema } from "effect"
 import { defineSettings, env } from "./Config.ts"
 import * as Kv from "./Kv.ts"
 import type { Nats, NatsError } from "./Nats.ts"
@@ -28,11 +31,19 @@ export const ConsoleSettings = defineSettings(
     linkMs: 600_000,
     /** How long a session lasts from sign-in (12 hours). */
     sessionMs: 12 * 3600_000,
+    /** The console's client secret at the OIDC issuer, if it has one (PKCE is used either way). */
+    oidcClientSecret: Redacted.make(""),
+  } as {
+    readonly consoleUrl: string
+    readonly linkMs: number
+    readonly sessionMs: number
+    readonly oidcClientSecret: Redacted.Redacted<string>
   },
   (d) => ({
     consoleUrl: env.string("CONSOLE_URL", d.consoleUrl),
     linkMs: env.integer("CONSOLE_LINK_MS", d.linkMs),
     sessionMs: env.integer("CONSOLE_SESSION_MS", d.sessionMs),
+    oidcClientSecret: env.redacted("OIDC_CLIENT_SECRET", ""),
   }),
 )
 
@@ -41,6 +52,9 @@ export const ConsoleRecord = Schema.Struct({
   email: Schema.String,
   expires_at_ms: Schema.Number,
   used: Schema.optional(Schema.Boolean),
+  /** An OIDC sign-in's PKCE verifier and nonce. */
+  verifier: Schema.optional(Schema.String),
+  nonce: Schema.optional(Schema.String),
 })
 export type ConsoleRecord = typeof ConsoleRecord.Type
 
@@ -103,6 +117,24 @@ export class ConsoleSessions extends Context.Tag("hangar/ConsoleSessions")<
       { readonly sessionId: string; readonly email: string } | LinkRefused,
       StoreError | Kv.StateConflict
     >
+    /** Makes a session for `email`, valid `sessionMs`; answers its id. */
+    readonly createSession: (
+      email: string,
+      sessionMs: number,
+    ) => Effect.Effect<string, StoreError | Kv.StateConflict>
+    /** Starts an OIDC sign-in: a fresh state, stored with its PKCE verifier and nonce for `validMs`. */
+    readonly createState: (
+      verifier: string,
+      nonce: string,
+      validMs: number,
+    ) => Effect.Effect<string, StoreError | Kv.StateConflict>
+    /** Uses an OIDC state once: its verifier and nonce, or why not. */
+    readonly useState: (
+      state: string,
+    ) => Effect.Effect<
+      { readonly verifier: string; readonly nonce: string } | LinkRefused,
+      StoreError | Kv.StateConflict
+    >
     /** The person of a live session, or none (unknown, signed out or expired). */
     readonly session: (sessionId: string) => Effect.Effect<Option.Option<string>, StoreError>
     /** Ends a session (idempotent). */
@@ -125,26 +157,57 @@ export const make = Effect.gen(function* () {
       return link
     })
 
-  const useLink: Context.Tag.Service<ConsoleSessions>["useLink"] = (link, sessionMs) =>
+  // Uses a stored one-time record once: a second use at once loses the compare-and-set.
+  const useOnce = (key: string) =>
     Effect.gen(function* () {
-      if (!secretShape.test(link)) return "unknown" as const
-      const found = yield* kv.get(`link.${sha256hex(link)}`)
+      const found = yield* kv.get(key)
       if (Option.isNone(found)) return "unknown" as const
       const record = found.value.value
       if (record.used === true) return "used" as const
       const now = yield* Clock.currentTimeMillis
       if (now >= record.expires_at_ms) return "expired" as const
-      // The one use: a second opening at once loses the compare-and-set.
-      const won = yield* kv
-        .update(`link.${sha256hex(link)}`, { ...record, used: true }, found.value.revision)
-        .pipe(
-          Effect.as(true),
-          Effect.catchTag("StateConflict", () => Effect.succeed(false)),
-        )
-      if (!won) return "used" as const
+      const won = yield* kv.update(key, { ...record, used: true }, found.value.revision).pipe(
+        Effect.as(true),
+        Effect.catchTag("StateConflict", () => Effect.succeed(false)),
+      )
+      return won ? record : ("used" as const)
+    })
+
+  const createSession: Context.Tag.Service<ConsoleSessions>["createSession"] = (email, sessionMs) =>
+    Effect.gen(function* () {
       const sessionId = secret()
-      yield* kv.create(sessionKey(sessionId), { email: record.email, expires_at_ms: now + sessionMs })
-      return { sessionId, email: record.email }
+      const now = yield* Clock.currentTimeMillis
+      yield* kv.create(sessionKey(sessionId), { email, expires_at_ms: now + sessionMs })
+      return sessionId
+    })
+
+  const useLink: Context.Tag.Service<ConsoleSessions>["useLink"] = (link, sessionMs) =>
+    Effect.gen(function* () {
+      if (!secretShape.test(link)) return "unknown" as const
+      const record = yield* useOnce(`link.${sha256hex(link)}`)
+      if (typeof record === "string") return record
+      return { sessionId: yield* createSession(record.email, sessionMs), email: record.email }
+    })
+
+  const createState: Context.Tag.Service<ConsoleSessions>["createState"] = (verifier, nonce, validMs) =>
+    Effect.gen(function* () {
+      const state = secret()
+      const now = yield* Clock.currentTimeMillis
+      yield* kv.create(`oidc.${sha256hex(state)}`, {
+        email: "",
+        expires_at_ms: now + validMs,
+        verifier,
+        nonce,
+      })
+      return state
+    })
+
+  const useState: Context.Tag.Service<ConsoleSessions>["useState"] = (state) =>
+    Effect.gen(function* () {
+      if (!secretShape.test(state)) return "unknown" as const
+      const record = yield* useOnce(`oidc.${sha256hex(state)}`)
+      if (typeof record === "string") return record
+      return { verifier: record.verifier ?? "", nonce: record.nonce ?? "" }
     })
 
   const session: Context.Tag.Service<ConsoleSessions>["session"] = (sessionId) =>
@@ -157,7 +220,7 @@ export const make = Effect.gen(function* () {
 
   const end: Context.Tag.Service<ConsoleSessions>["end"] = (sessionId) => kv.delete(sessionKey(sessionId))
 
-  return { createLink, useLink, session, end, kv }
+  return { createLink, useLink, createSession, createState, useState, session, end, kv }
 })
 
 /** The store as a layer. */

@@ -15,6 +15,7 @@ import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Accounts from "./accounts/routes.ts"
 import type { AccountStates } from "./accounts/States.ts"
 import * as Auth from "./auth/Auth.ts"
+import type { IdTokens } from "./auth/IdTokens.ts"
 import type { KeyCache } from "./auth/KeyCache.ts"
 import * as Commands from "./commands/routes.ts"
 import * as ConsoleAssets from "./console/Assets.ts"
@@ -62,6 +63,8 @@ const groupServices = Layer.mergeAll(
   ConsoleAssets.layer,
   ConsoleSettings.layerFromEnv,
   TerminalSettings.layerFromEnv,
+  // The console's OIDC sign-in reads the issuer settings too.
+  IssuerSettings.layerFromEnv,
 )
 
 /**
@@ -78,6 +81,7 @@ export const layer = Server.layer<
   | Layer.Layer.Success<typeof runServices>
   | Layer.Layer.Success<typeof linkServices>
   | ConsoleSessions
+  | IdTokens
   // Routes reading streams and actor state straight from the process's connection (usage, balance).
   | Nats
   | Storage

@@ -12,7 +12,8 @@
  *   session cookie and sends the browser home; a used, expired or unknown link goes to the sign-in
  *   page saying which;
  * - `GET /console/session`: the signed-in person and the session's CSRF token, or 401;
- * - `POST /console/sign-out` (with the CSRF token): ends the session and clears the cookie.
+ * - `POST /console/sign-out` (with the CSRF token): ends the session and clears the cookie;
+ * - the OIDC sign-in (`Oidc.ts`) when an issuer is configured.
  */
 import { Effect, Option } from "effect"
 import {
@@ -21,14 +22,15 @@ import {
   CSRF_HEADER,
   csrfMatches,
   csrfOf,
-  SESSION_COOKIE,
   sessionIdOf,
 } from "../../core/ConsoleSessions.ts"
 import { relayUrlOf, TerminalSettings } from "../../core/TerminalSettings.ts"
 import { ApiError } from "../../schema/Errors.ts"
-import { bytes, empty, error, json, type Reply } from "../Response.ts"
+import { bytes, error, json } from "../Response.ts"
 import { route } from "../Router.ts"
 import { ConsoleAssets } from "./Assets.ts"
+import { clearedCookie, redirect, sessionCookie } from "./Cookies.ts"
+import * as Oidc from "./Oidc.ts"
 
 /** The pages the front end draws; each answers the same HTML. */
 export const pagePaths = [
@@ -84,26 +86,6 @@ const assetHeaders = {
   "x-content-type-options": "nosniff",
 }
 
-/** Whether the cookie must be `Secure`: always, except for a console served over plain HTTP on loopback. */
-export const secureCookie = (consoleUrl: string): boolean => {
-  try {
-    const url = new URL(consoleUrl)
-    const loopback = ["127.0.0.1", "localhost", "[::1]"].includes(url.hostname)
-    return !(url.protocol === "http:" && loopback)
-  } catch {
-    return true
-  }
-}
-
-const cookie = (value: string, maxAgeSeconds: number, secure: boolean) =>
-  `${SESSION_COOKIE}=${value}; Path=/; HttpOnly; SameSite=Lax; Max-Age=${maxAgeSeconds}${secure ? "; Secure" : ""}`
-
-const redirect = (location: string, headers: Record<string, string> = {}): Reply =>
-  empty({
-    status: 303,
-    headers: { location, "cache-control": "no-store", "referrer-policy": "no-referrer", ...headers },
-  })
-
 const page = (path: string) =>
   Effect.gen(function* () {
     const built = yield* Effect.orDie(Effect.flatMap(ConsoleAssets, (a) => a.built))
@@ -139,11 +121,8 @@ export const routes = [
         const settings = yield* ConsoleSettings.Tag
         const used = yield* sessions.useLink(query.link ?? "", settings.sessionMs)
         if (typeof used === "string") return redirect(`/sign-in?problem=${used}`)
-        const secure = secureCookie(settings.consoleUrl)
-        yield* Effect.logInfo("console sign-in").pipe(Effect.annotateLogs({ email: used.email }))
-        return redirect("/", {
-          "set-cookie": cookie(used.sessionId, Math.floor(settings.sessionMs / 1000), secure),
-        })
+        yield* Effect.logInfo("console sign-in").pipe(Effect.annotateLogs({ email: used.email, via: "link" }))
+        return redirect("/", { "set-cookie": sessionCookie(used.sessionId, settings) })
       }),
   }),
   route({
@@ -168,10 +147,8 @@ export const routes = [
         if (!csrfMatches(id, headers[CSRF_HEADER])) return error(ApiError.csrfToken())
         yield* (yield* ConsoleSessions).end(id)
         const settings = yield* ConsoleSettings.Tag
-        return json(
-          { signed_out: true },
-          { headers: { "set-cookie": cookie("", 0, secureCookie(settings.consoleUrl)) } },
-        )
+        return json({ signed_out: true }, { headers: { "set-cookie": clearedCookie(settings) } })
       }),
   }),
+  ...Oidc.routes,
 ]
