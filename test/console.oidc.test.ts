@@ -63,12 +63,24 @@ describe("OIDC sign-in", () => {
     expect(asked.code_verifier).toBeUndefined()
   })
 
-  it("refuses a callback replayed (its state is used once), and an ID token with another nonce", async () => {
+  it("refuses a callback replayed, one started by another browser, and an ID token with another nonce", async () => {
+    // Replayed in the same browser: its state was used.
     const callback = `${stack.url}/console/oidc/callback?code=whatever&state=${oidc.authorizations.at(-1)!.state}`
-    await browser.context.clearCookies()
+    await page.context().clearCookies({ name: SESSION_COOKIE })
     await page.goto(callback)
     await page.waitForSelector("text=did not work")
     expect(new URL(page.url()).search).toBe("?problem=oidc")
+    expect(await cookie()).toBeUndefined()
+
+    // Started elsewhere (an attacker's own sign-in, its callback sent to this browser): the
+    // issuer's part is done, but this browser never started that state.
+    const start = await fetch(`${stack.url}/console/oidc/start`, { redirect: "manual" })
+    const authorize = await fetch(start.headers.get("location")!, { redirect: "manual" })
+    const elsewhere = authorize.headers.get("location")!
+    expect(elsewhere.startsWith(`${stack.url}/console/oidc/callback?`)).toBe(true)
+    await browser.context.clearCookies()
+    await page.goto(elsewhere)
+    await page.waitForURL(`${stack.url}/sign-in?problem=oidc`)
     expect(await cookie()).toBeUndefined()
 
     oidc.nonceOverride = "not-the-nonce"

@@ -22,7 +22,7 @@ import { ApiError } from "../../schema/Errors.ts"
 import { IdTokens } from "../auth/IdTokens.ts"
 import { error, json } from "../Response.ts"
 import { route } from "../Router.ts"
-import { redirect, sessionCookie } from "./Cookies.ts"
+import { redirect, secureCookie, sessionCookie } from "./Cookies.ts"
 
 /** A step of the OIDC sign-in that failed (logged; the person sees the sign-in page). */
 export class OidcFailed extends Data.TaggedError("OidcFailed")<{ readonly message: string }> {}
@@ -58,6 +58,18 @@ const endpointsOf = (issuer: string): Promise<Endpoints> => {
 }
 
 const b64url = (bytes: Buffer) => bytes.toString("base64url")
+
+/** The cookie that ties a sign-in under way to the browser that started it. */
+const STATE_COOKIE = "hangar_oidc_state"
+const stateCookie = (state: string, secure: boolean) =>
+  `${STATE_COOKIE}=${state}; Path=/console/oidc; HttpOnly; SameSite=Lax; Max-Age=${STATE_MS / 1000}${secure ? "; Secure" : ""}`
+const stateOf = (cookie: string | undefined): string | undefined => {
+  for (const part of (cookie ?? "").split(";")) {
+    const [name, value] = part.trim().split("=", 2)
+    if (name === STATE_COOKIE) return value
+  }
+  return undefined
+}
 const callbackOf = (consoleUrl: string) => `${consoleUrl.replace(/\/+$/, "")}/console/oidc/callback`
 const failed = redirect("/sign-in?problem=oidc")
 
@@ -96,7 +108,9 @@ export const routes = [
         url.searchParams.set("nonce", nonce)
         url.searchParams.set("code_challenge", b64url(createHash("sha256").update(verifier).digest()))
         url.searchParams.set("code_challenge_method", "S256")
-        return redirect(url.href)
+        // The state is also kept in this browser, so a callback made for another browser (an
+        // attacker's own sign-in, sent to a victim) signs nobody in here.
+        return redirect(url.href, { "set-cookie": stateCookie(state, secureCookie(settings.consoleUrl)) })
       }).pipe(
         Effect.catchTag("OidcFailed", (e) =>
           Effect.as(Effect.logError("console OIDC sign-in could not start", e), failed),
@@ -106,14 +120,16 @@ export const routes = [
   route({
     method: "GET",
     path: "/console/oidc/callback",
-    handler: ({ query }) =>
+    handler: ({ query, headers }) =>
       Effect.gen(function* () {
         const issuer = yield* IssuerSettings.Tag
         if (issuer.issuer === "") return error(ApiError.notFound())
         const settings = yield* ConsoleSettings.Tag
         const sessions = yield* ConsoleSessions
         if (query.error !== undefined) return yield* fail(`the issuer answered ${query.error}`)
-        const state = yield* sessions.useState(query.state ?? "")
+        if (query.state === undefined || stateOf(headers.cookie) !== query.state)
+          return yield* fail("the callback's state is not the one this browser started")
+        const state = yield* sessions.useState(query.state)
         if (typeof state === "string") return yield* fail(`state ${state}`)
         const code = query.code ?? ""
         if (code === "") return yield* fail("the callback carries no code")
@@ -152,6 +168,7 @@ export const routes = [
         yield* Effect.logInfo("console sign-in").pipe(
           Effect.annotateLogs({ email: identity.email, via: "oidc" }),
         )
+        // The state cookie is left to end by itself: it lives 10 minutes and names a used state.
         return redirect("/", { "set-cookie": sessionCookie(sessionId, settings) })
       }).pipe(
         Effect.catchTag("OidcFailed", (e) =>
