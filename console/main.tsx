@@ -60,7 +60,8 @@ const Body = (props: { readonly path: string; readonly query: URLSearchParams; r
   const fn = match("/functions/:id", path)
   if (fn) return <FunctionPage id={fn.id!} />
   if (path === "/providers") return <ProvidersPage />
-  if (path === "/usage") return <UsagePage />
+  if (path === "/usage" || path === "/credit")
+    return <UsagePage checkout={query.get("checkout") ?? undefined} />
   return <p class="empty">No such page.</p>
 }
 

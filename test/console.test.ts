@@ -16,6 +16,7 @@ import { Accounts } from "../core/Accounts.ts"
 import * as ConsoleSessions from "../core/ConsoleSessions.ts"
 import { personToken } from "../gateway/auth/testing.ts"
 import * as OpenAiFake from "./fakes/OpenAiFake.ts"
+import * as PaymentFake from "./fakes/PaymentFake.ts"
 import { launchBrowser, type TestBrowser } from "./harness/Browser.ts"
 import { configHome, hangar } from "./harness/Cli.ts"
 import {
@@ -37,6 +38,7 @@ let acct: TestAccount
 let browser: TestBrowser
 let page: Page
 let openai: OpenAiFake.OpenAiFake
+let payments: PaymentFake.PaymentFake
 const scope = Effect.runSync(Scope.make())
 const VENDOR_KEY = `sk-console-${randomBytes(8).toString("hex")}`
 const shots = mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
@@ -80,7 +82,17 @@ beforeAll(async () => {
   openai = await Effect.runPromise(
     OpenAiFake.make({ keys: [VENDOR_KEY], models: ["gpt-5"] }).pipe(Scope.extend(scope)),
   )
-  stack = await startStack({ logFlushMs: 300, relay: true, settings: { OPENAI_BASE_URL: openai.url } })
+  payments = await Effect.runPromise(PaymentFake.make().pipe(Scope.extend(scope)))
+  stack = await startStack({
+    logFlushMs: 300,
+    relay: true,
+    settings: {
+      OPENAI_BASE_URL: openai.url,
+      PAYMENTS_BASE_URL: payments.url,
+      PAYMENTS_SECRET_KEY: payments.secretKey,
+      PAYMENTS_WEBHOOK_SECRET: payments.webhookSecret,
+    },
+  })
   acct = await createAccount(stack, { name: "acme" })
   browser = await launchBrowser()
   page = await browser.page()
@@ -452,6 +464,30 @@ describe("functions, providers and usage", () => {
     await page.waitForSelector("td:text('compute')")
     await page.waitForSelector("td a[href^='/runs/run_']")
     await shot("usage")
+  })
+})
+
+describe("credit", () => {
+  it("an owner buys credit through the processor's page, and the purchase shows once it is confirmed", async () => {
+    await signIn(acct.ownerEmail)
+    await page.goto(`${stack.url}/usage`)
+    await page.fill("#credit-amount", "25")
+    await page.click("#buy-credit")
+    await page.waitForURL((u) => u.href.startsWith(payments.url))
+    const session = [...payments.sessions.values()].at(-1)!
+    expect(session.amount_total).toBe(2500)
+    expect(session.success_url).toBe(`${stack.url}/credit?checkout=success`)
+    expect((await payments.complete(`${stack.url}/v1/credit/callback`, session.id)).status).toBe(200)
+    // The account actor writes the entry; read until it is there, then see it on the page.
+    for (;;) {
+      const usage = expectStatus(await call(stack, "GET", "/v1/usage", acct.owner), 200, "usage")
+      if (usage.entries.some((e: { kind: string }) => e.kind === "purchase")) break
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    await page.goto(session.success_url)
+    await page.waitForSelector("#checkout-done")
+    await page.waitForSelector("td:text('purchase')")
+    await shot("usage-after-purchase")
   })
 })
 

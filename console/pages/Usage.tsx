@@ -1,10 +1,62 @@
-/** The account's balance and the ledger of the last 30 days. */
+/**
+ * The account's balance and the ledger of the last 30 days; for owners, buying credit through the
+ * payment processor's page (`POST /v1/credit/checkout`), which sends the person back to `/credit`.
+ */
 import { useEffect, useState } from "preact/hooks"
-import { api, describe, type Json } from "../api.ts"
+import { ApiFailure, api, describe, type Json } from "../api.ts"
 import { Link, Page, Problem } from "../components.tsx"
 import { usd, when } from "../format.ts"
+import { useWho } from "../session.ts"
 
-export const UsagePage = () => {
+const Checkout = () => {
+  const [dollars, setDollars] = useState("20")
+  const [problem, setProblem] = useState<string | undefined>(undefined)
+  const [busy, setBusy] = useState(false)
+  const buy = async (e: Event) => {
+    e.preventDefault()
+    setBusy(true)
+    try {
+      const { url } = await api("POST", "/v1/credit/checkout", {
+        amount_usd_cents: Math.round(Number(dollars) * 100),
+      })
+      location.assign(url)
+    } catch (err) {
+      setProblem(
+        err instanceof ApiFailure && err.code === "purchases_closed"
+          ? "Buying credit is not open on this service."
+          : describe(err),
+      )
+      setBusy(false)
+    }
+  }
+  return (
+    <>
+      <h2>Buy credit</h2>
+      <Problem text={problem} />
+      <form class="inline-form" onSubmit={buy}>
+        <label>
+          Amount in dollars (5 to 500)
+          <input
+            id="credit-amount"
+            type="number"
+            min={5}
+            max={500}
+            step={1}
+            required
+            value={dollars}
+            onInput={(e) => setDollars((e.currentTarget as HTMLInputElement).value)}
+          />
+        </label>
+        <button type="submit" class="primary" id="buy-credit" disabled={busy}>
+          Go to payment
+        </button>
+      </form>
+    </>
+  )
+}
+
+export const UsagePage = (props: { readonly checkout?: string | undefined }) => {
+  const who = useWho()
   const [usage, setUsage] = useState<Json | undefined>(undefined)
   const [problem, setProblem] = useState<string | undefined>(undefined)
   useEffect(() => {
@@ -16,6 +68,15 @@ export const UsagePage = () => {
   return (
     <Page title="Usage and credit">
       <Problem text={problem} />
+      {props.checkout === "success" ? (
+        <p class="card" role="status" id="checkout-done">
+          Thank you. The credit is added once the payment processor confirms the payment.
+        </p>
+      ) : props.checkout === "cancelled" ? (
+        <p class="card" role="status">
+          The payment was cancelled; nothing was charged.
+        </p>
+      ) : null}
       {usage === undefined ? (
         problem === undefined ? (
           <p class="loading">Loading…</p>
@@ -30,6 +91,7 @@ export const UsagePage = () => {
             <dt>Minimum</dt>
             <dd>{usd(b.minimum_balance_usd_nanos)}</dd>
           </dl>
+          {who.role === "owner" ? <Checkout /> : null}
           <h2>Last 30 days</h2>
           {usage.entries.length === 0 ? (
             <p class="empty">No entries.</p>

@@ -46,6 +46,7 @@ export const pagePaths = [
   "/functions/:id",
   "/providers",
   "/usage",
+  "/credit",
 ] as const
 
 /**
