@@ -37,6 +37,7 @@ import { Host, HostSettings, layerHost } from "./registry/HostSettings.ts"
 import * as Registration from "./registry/Registration.ts"
 import * as HostActor from "./runs/HostActor.ts"
 import { RunSettings } from "./runs/RunSettings.ts"
+import * as WarmPool from "./runs/WarmPool.ts"
 
 const host = layerHost.pipe(Layer.provide(HostSettings.layerFromEnv))
 
@@ -76,6 +77,8 @@ const runServices = Layer.mergeAll(
  * registration, so the machines are gone before the record is.
  */
 export const layer: Layer.Layer<never, never, Nats | Storage> = Layer.discard(HostActor.layer).pipe(
+  // Warm machines (`runs/WarmPool.ts`): released after the host actor, before the registration.
+  Layer.provideMerge(WarmPool.layer),
   Layer.provideMerge(Layer.discard(Registration.layer)),
   // Missing bases are built in the background; the host registers and runs meanwhile.
   Layer.provideMerge(Builder.layer),

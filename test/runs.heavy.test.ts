@@ -33,6 +33,7 @@ import {
   machineIdOf,
   publish,
   request,
+  runLog,
   type Stack,
   sendCommandAnswer,
   startRun,
@@ -336,20 +337,7 @@ describe("every role in its own process (hangar serve <role>)", () => {
       await new Promise((r) => setTimeout(r, 200))
     }
   }
-  // The run's whole log: its last part is stored as its machine goes, just after the run ends.
-  const logOf = async (run: string): Promise<Array<Json>> => {
-    const deadline = Date.now() + 30_000
-    for (;;) {
-      const log = await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)
-      expect(log.status).toBe(200)
-      const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
-        .flatMap((p) => p.data.toString("utf8").split("\n"))
-        .filter((l) => l !== "")
-        .map((l) => JSON.parse(l) as Json)
-      if (lines.some((l) => l.kind === "end") || Date.now() > deadline) return lines
-      await new Promise((r) => setTimeout(r, 100))
-    }
-  }
+  const logOf = (run: string) => runLog(stack, acct, run)
   // A run of its own, with a file written and a command left sleeping in it.
   const busyRun = async (fn: Json) => {
     const run = (await startRun(stack, acct, fn.function)).id

@@ -59,6 +59,7 @@ import { Host } from "../registry/HostSettings.ts"
 import * as HostActor from "./HostActor.ts"
 import * as RunMachine from "./RunMachine.ts"
 import { RunSettings } from "./RunSettings.ts"
+import * as WarmPool from "./WarmPool.ts"
 
 const ACC = makeId("acc") as AccountId
 const USR = makeId("usr") as UserId
@@ -299,6 +300,7 @@ const stopAndCheck = async (runId: RunId) => {
 const startHost = async () => {
   hostScope = Effect.runSync(Scope.make())
   const layer = HostActor.layer.pipe(
+    Layer.provide(WarmPool.layerWith({ machines: 0 })),
     Layer.provide(
       Layer.merge(
         Layer.succeed(Host, {

@@ -49,10 +49,11 @@ import { endedRunStates, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import * as Bases from "../bases/Bases.ts"
 import { BasesSettings } from "../bases/Bases.ts"
-import { MachineDriver } from "../machines/MachineDriver.ts"
+import { type Kept, MachineDriver } from "../machines/MachineDriver.ts"
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as RunMachine from "./RunMachine.ts"
+import * as WarmPool from "./WarmPool.ts"
 
 /** The host actor as running in this agent. */
 export interface HostActorService {
@@ -137,14 +138,12 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
         if (Option.isNone(account)) return Option.none<StoredRun>()
         return Option.map(yield* runs.get(kvKeys.run(account.value, id)), (entry) => entry.value)
       })
-    const takeOver = (id: string) =>
+    // `id` is the machine's; `runId` its run's (the same, but for a warm machine a run took).
+    const takeOver = (id: string, runId: string, kept: Kept) =>
       Effect.gen(function* () {
-        const found = yield* driver.adopt(id)
-        if (Option.isNone(found)) return "lost" as const
-        const kept = found.value
         // Read again while the store does not answer (a blip must not cost a live machine its run).
         const run = Option.getOrUndefined(
-          yield* runOf(id, kept.note).pipe(
+          yield* runOf(runId, kept.note).pipe(
             Effect.retry({
               schedule: Schedule.exponential("100 millis").pipe(
                 Schedule.either(Schedule.spaced("5 seconds")),
@@ -166,7 +165,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           kept.machine === undefined
             ? "run of an earlier life starts over on a new machine"
             : "machine of an earlier life adopted; its run goes on",
-        ).pipe(Effect.annotateLogs({ run: id }))
+        ).pipe(Effect.annotateLogs({ run: runId }))
         return "taken" as const
       }).pipe(
         Effect.catchAll((e) =>
@@ -176,39 +175,61 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           ),
         ),
       )
-    for (const id of yield* driver.owned(host.id)) {
-      const outcome = yield* takeOver(id)
-      if (outcome === "taken") continue
-      if (!held.has(id)) yield* capacity.release(id)
-      yield* driver
+    const removeEarlier = (id: string) =>
+      driver
         .destroy(id)
         .pipe(
           Effect.catchAll((e) => Effect.logError("a machine of an earlier life was not fully removed", e)),
         )
+    const earlier = yield* Effect.forEach(yield* driver.owned(host.id), (id) =>
+      Effect.map(driver.adopt(id), (found) => ({ id, found: Option.getOrUndefined(found) })),
+    )
+    // Runs whose warm machine was kept: the folder their placement claimed is only a folder now.
+    const onWarm = new Set(
+      earlier.flatMap(({ id, found }) => {
+        const run = found?.machine === undefined ? undefined : RunMachine.runOfNote(found.note)
+        return run !== undefined && run !== id ? [run as string] : []
+      }),
+    )
+    for (const { id, found } of earlier) {
+      const runId = (found === undefined ? undefined : RunMachine.runOfNote(found.note)) ?? id
+      // A warm machine no run kept (it waited in the pool), or the claim of a run on a kept warm
+      // machine: nothing runs on it.
+      if ((WarmPool.isWarm(id) && runId === id) || (runId === id && onWarm.has(id))) {
+        yield* removeEarlier(id)
+        continue
+      }
+      // The claim of a run kept on a warm machine that is gone: commands may have reached it.
+      const lostWarm =
+        found !== undefined && found.machine === undefined && RunMachine.warmOfNote(found.note) !== undefined
+      const outcome = found === undefined || lostWarm ? ("lost" as const) : yield* takeOver(id, runId, found)
+      if (outcome === "taken") continue
+      if (!held.has(runId)) yield* capacity.release(runId)
+      yield* removeEarlier(id)
       // The scheduler stops counting it here either way (an earlier life may have died before
       // saying so; `Freed` names this host, so it never touches a placement elsewhere).
       if (outcome === "not ours") {
-        yield* freed(id).pipe(
+        yield* freed(runId).pipe(
           Effect.catchAll((e) => Effect.logError("a removed machine was not reported", e)),
         )
         continue
       }
       yield* Mailbox.send(
         Run,
-        id as RunId,
+        runId as RunId,
         {
           _tag: "Fail",
           failure: "infrastructure",
           detail: "the host agent restarted and lost the run's machine",
           at: timestamp(yield* Clock.currentTimeMillis),
         },
-        { msgId: `${id}:fail:lost` },
+        { msgId: `${runId}:fail:lost` },
       ).pipe(
-        Effect.zipRight(freed(id)),
+        Effect.zipRight(freed(runId)),
         Effect.catchAll((e) => Effect.logError("the run of a removed machine could not be failed", e)),
       )
       yield* Effect.logWarning("machine of an earlier life removed; its run failed").pipe(
-        Effect.annotateLogs({ run: id }),
+        Effect.annotateLogs({ run: runId }),
       )
     }
 

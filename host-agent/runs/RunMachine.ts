@@ -73,7 +73,7 @@ import {
   endedCommandStates,
 } from "../../schema/Command.ts"
 import { type Timestamp, timestamp } from "../../schema/Common.ts"
-import { AccountId, type EventId } from "../../schema/Ids.ts"
+import { AccountId, type EventId, RunId } from "../../schema/Ids.ts"
 import type { RunFailure, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import * as Bases from "../bases/Bases.ts"
@@ -90,6 +90,7 @@ import { Host } from "../registry/HostSettings.ts"
 import * as RunLog from "./RunLog.ts"
 import { RunSettings } from "./RunSettings.ts"
 import * as TerminalSession from "./TerminalSession.ts"
+import { WarmPool } from "./WarmPool.ts"
 
 /** What a run's machine needs. */
 export type RunMachineServices =
@@ -98,6 +99,7 @@ export type RunMachineServices =
   | SealStream
   | Seal
   | Context.Tag.Identifier<typeof TerminalSettings.Tag>
+  | WarmPool
   | Mailbox.Mailbox
   | MachineDriver
   | Capacity
@@ -181,25 +183,47 @@ interface Tracked {
 /**
  * The note a machine's folder keeps for a later life of this host agent: its run's account from
  * the claim (`MachineDriver.claim`, before the machine is made), and once the machine is ready
- * (`MachineDriver.keep`) the key the host agent logs in with, sealed for that account.
+ * (`MachineDriver.keep`) the key the host agent logs in with, sealed for that account, and the run
+ * (a warm machine's id is not its run's).
  */
 const MachineNote = Schema.parseJson(
-  Schema.Struct({ account: AccountId, key: Schema.optional(Schema.String) }),
+  Schema.Struct({
+    account: AccountId,
+    key: Schema.optional(Schema.String),
+    run: Schema.optional(RunId),
+    /** In a run's claimed folder: the warm machine the run was kept on (its own folder holds it). */
+    warm: Schema.optional(Schema.String),
+  }),
 )
 const decodeNote = Schema.decodeUnknownOption(MachineNote)
 const keyAad = (run: string) => `machine-key:${run}`
 
-/** Keeps `machine` for a later life of this host agent, with the key it logs in with sealed for the run's account. */
-export const keep = (machine: Machine, run: StoredRun, clientKey: string) =>
+/**
+ * Keeps `machine` for a later life of this host agent, with the key it logs in with sealed for the
+ * run's account. A warm machine (whose id is not the run's) is named in the run's claimed folder
+ * too, so a later life that finds the run's claim and not its machine (it died meanwhile) knows
+ * commands may have reached it and fails the run instead of starting it over.
+ */
+export const keep = (machine: Machine, run: StoredRun, clientKey: string, host?: string) =>
   Effect.gen(function* () {
     const sealed = yield* (yield* Seal).seal(run.account, keyAad(run.id), new TextEncoder().encode(clientKey))
     const note = Schema.encodeSync(MachineNote)({
       account: run.account,
       key: Buffer.from(sealed).toString("base64"),
+      run: run.id,
     })
+    const driver = yield* MachineDriver
     // Not cut off midway: an interrupted file write would go on in the background, and could put
     // the file back into a folder the machine's end is removing.
-    yield* Effect.uninterruptible((yield* MachineDriver).keep(machine, note))
+    yield* Effect.uninterruptible(driver.keep(machine, note))
+    if (machine.id !== run.id && host !== undefined)
+      yield* Effect.uninterruptible(
+        driver.claim(
+          run.id,
+          host,
+          Schema.encodeSync(MachineNote)({ account: run.account, run: run.id, warm: machine.id }),
+        ),
+      )
   })
 
 /** The note `MachineDriver.claim` keeps for `run`'s machine. */
@@ -208,6 +232,12 @@ export const claimNote = (run: StoredRun): string => Schema.encodeSync(MachineNo
 /** The account of the run a claimed or kept machine served, read from its note. */
 export const accountOfNote = (note: string): Option.Option<AccountId> =>
   Option.map(decodeNote(note), (n) => n.account)
+
+/** The run a kept machine serves, when its note names it (a kept warm machine's does). */
+export const runOfNote = (note: string): RunId | undefined => Option.getOrUndefined(decodeNote(note))?.run
+
+/** The warm machine a run's claimed folder says the run was kept on. */
+export const warmOfNote = (note: string): string | undefined => Option.getOrUndefined(decodeNote(note))?.warm
 
 /** The error of a command an earlier life of the host agent had taken and a later one adopted. */
 export const RESTARTED_ERROR =
@@ -500,27 +530,52 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
         let machine: Machine
         let guest: GuestSession
         let clientKey: string
-        if (kept === undefined) {
+        // A warm machine of the run's base and size, when the pool has one ready (`WarmPool.ts`).
+        const pool = yield* WarmPool
+        const warm = kept === undefined ? yield* pool.take(run.base, run.size) : Option.none()
+        if (Option.isSome(warm)) {
+          // Its id is not the run's: the claim's finalizer removes the run's claimed folder, and
+          // this one the machine (after its session, closed first).
+          machine = yield* Effect.acquireRelease(Effect.succeed(warm.value.machine), (m) =>
+            driver
+              .destroy(m.id)
+              .pipe(
+                Effect.catchAll((e) =>
+                  Effect.logError("machine not fully removed").pipe(
+                    Effect.annotateLogs({ run: runId, machine: m.id, detail: e.detail }),
+                  ),
+                ),
+              ),
+          ).pipe(ScopeOps.extend(scope))
+          yield* ScopeOps.addFinalizer(scope, warm.value.close)
+          clientKey = warm.value.clientKey
+          guest = warm.value.guest
+          yield* log.append("machine", { size: run.size, base: run.base, host: host.id, warm: true })
+        } else if (kept === undefined) {
           const base = (yield* Bases.list(basesDir)).find((b) => b.name === run.base)
           if (base === undefined)
             return yield* lifeFailed("infrastructure", `the base ${run.base} is not on this host`)
           const keys = { client: newKeyPair(), host: newKeyPair() }
           clientKey = keys.client.private
+          const making = driver.create({
+            id: runId,
+            size: run.size,
+            base: base.rootfs,
+            authorizedKey: keys.client.public,
+            hostKey: keys.host.private,
+            owner: host.id,
+          })
           machine = yield* owning(
-            driver
-              .create({
-                id: runId,
-                size: run.size,
-                base: base.rootfs,
-                authorizedKey: keys.client.public,
-                hostKey: keys.host.private,
-                owner: host.id,
-              })
-              .pipe(
-                Effect.mapError((e) =>
-                  lifeFailed("infrastructure", `creating the machine failed at ${e.step}: ${e.detail}`),
-                ),
+            making.pipe(
+              // The host's disk promised to warm machines: they yield, and it is made again.
+              Effect.catchIf(
+                (e) => e.step === "disk room",
+                (e) => Effect.flatMap(pool.yieldAll, (n) => (n > 0 ? making : Effect.fail(e))),
               ),
+              Effect.mapError((e) =>
+                lifeFailed("infrastructure", `creating the machine failed at ${e.step}: ${e.detail}`),
+              ),
+            ),
           )
           yield* log.append("machine", {
             size: run.size,
@@ -624,7 +679,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           // Ready: from here a later life of this host agent takes the machine over. Kept before
           // `Ready` is sent, so a machine not kept is one no command has reached (a later life
           // starts it over); one that cannot be kept fails the run rather than break that.
-          yield* keep(machine, run, clientKey).pipe(
+          yield* keep(machine, run, clientKey, host.id).pipe(
             whileStoreAway,
             Effect.mapError((e) =>
               lifeFailed("infrastructure", `keeping the machine for the host agent: ${describe(e)}`),

@@ -115,6 +115,11 @@ export interface StackOptions {
    * cluster's business and refuse.
    */
   readonly natsUrl?: string
+  /**
+   * Warm machines the host agent keeps per base (`HANGAR_WARM_MACHINES`); default 0, so a test
+   * makes the machines it asks for and no more. Those it makes are checked for leftovers at `close`.
+   */
+  readonly warmMachines?: number
 }
 
 /** One more instance of a role started by `Stack.startExtra` (its own process). */
@@ -328,6 +333,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     MACHINE_MASQUERADE: "false",
     // Many 16 GiB machines on a small CI disk (see testDriverSettings).
     MACHINE_DISK_OVERCOMMIT: "16",
+    WARM_MACHINES: String(options.warmMachines ?? 0),
   }
   for (const [name, variable] of Object.entries(settingNames)) {
     const value = options[name as keyof typeof settingNames]
@@ -533,11 +539,15 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
       // What the host agent left is reported, then removed anyway so a failing test leaks nothing.
       const found: Array<string> = []
       const driver = NamespaceDriver.make(NamespaceDriver.NamespaceDriverSettings.defaults)
-      for (const run of runs) {
-        const left = await leftovers(machineIdOf(run))
+      // Every run's machine, and every warm machine a host agent made (it logs each by id).
+      const warm = new Set(
+        lines.flatMap((l) => [...l.line.matchAll(/"machine":"(warm_[0-9a-f]+)"/g)].map((m) => m[1]!)),
+      )
+      for (const id of [...[...runs].map(machineIdOf), ...warm]) {
+        const left = await leftovers(id)
         if (left.length === 0) continue
         found.push(...left)
-        await Effect.runPromise(Effect.ignore(driver.destroy(machineIdOf(run))))
+        await Effect.runPromise(Effect.ignore(driver.destroy(id)))
       }
       return found
     },
@@ -748,6 +758,24 @@ export const publish = async (
     201,
     "POST /v1/functions",
   )
+
+/**
+ * Run `run`'s whole log, as JSON lines: once its `end` line is there, or what there is after 30 s
+ * (its last part is stored as its machine goes, just after the run ends).
+ */
+export const runLog = async (stack: Stack, account: TestAccount, run: string): Promise<Array<Json>> => {
+  const deadline = Date.now() + 30_000
+  for (;;) {
+    const log = await call(stack, "GET", `/v1/runs/${run}/log`, account.owner)
+    if (log.status !== 200) throw new Error(`GET /v1/runs/${run}/log: ${log.status} ${log.text}`)
+    const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
+      .flatMap((p) => p.data.toString("utf8").split("\n"))
+      .filter((l) => l !== "")
+      .map((l) => JSON.parse(l) as Json)
+    if (lines.some((l) => l.kind === "end") || Date.now() > deadline) return lines
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
 
 /** Uploads `data` (POST /v1/files, then the signed PUT); answers the upload id. */
 export const upload = async (stack: Stack, account: TestAccount, data: Uint8Array): Promise<string> => {

@@ -1,0 +1,281 @@
+/**
+ * Warm machines: each host agent keeps a few machines of each base it offers booted before any run
+ * asks — made, sshd answering, the host agent's session to it open — so a run that matches one
+ * starts on it at once instead of waiting for a machine to be made (`RunMachine`, issue 25).
+ *
+ * - What is kept: `HANGAR_WARM_MACHINES` (default 1, 0 turns it off) per offered base, made at
+ *   `HANGAR_WARM_SIZE` (default `m`, the spec's default size). A run of that base and size takes
+ *   one; a run of another size starts on a new machine as before (limits are set when a machine is
+ *   made; changing a running machine's disk and pinning is left for later).
+ * - Never reused: a machine taken is the run's alone and is destroyed with it; the pool makes a new
+ *   one in the background. Machines are made one at a time, so refilling never takes more than
+ *   one machine's start of the host's CPU from the runs.
+ * - The budget is for running work: warm machines hold none of it, so the scheduler never keeps a
+ *   run waiting for them. They are kept only while the room they would take if they ran is free
+ *   (vCPUs and memory of the host's budget), and they yield — the oldest is destroyed — as soon as
+ *   a run placed here takes that room (`take` checks after each placement). Their disks count
+ *   against the host's disk like any machine's: a run's machine refused for the host's disk first
+ *   makes them all yield, then is made again. An idle warm machine costs no CPU: an sshd waiting,
+ *   and the session's keepalive.
+ * - Owned like any machine (its folder names the host id), with ids `warm_<random>`: a host agent
+ *   killed outright leaves them to its next life, which removes them (`HostActor`); one taken by a
+ *   run and kept (`RunMachine.keep`) names its run in its note and is adopted with it. On stop the
+ *   pool's machines are destroyed.
+ */
+import { randomBytes } from "node:crypto"
+import { Config, Context, Deferred, Effect, Exit, Layer, Option, Ref, Scope, Stream } from "effect"
+import { defineSettings, env } from "../../core/Config.ts"
+import * as Bases from "../bases/Bases.ts"
+import { BasesSettings } from "../bases/Bases.ts"
+import { connect, type GuestSession } from "../guest/GuestSession.ts"
+import {
+  alive,
+  type Machine,
+  MachineDriver,
+  newKeyPair,
+  type SizeName,
+  sizes,
+} from "../machines/MachineDriver.ts"
+import { Capacity } from "../registry/Capacity.ts"
+import { Host } from "../registry/HostSettings.ts"
+
+/** `HANGAR_WARM_MACHINES` (per offered base; 0 = none) and `HANGAR_WARM_SIZE` (the size they are made at). */
+export const WarmSettings = defineSettings(
+  "host-agent/WarmSettings",
+  { machines: 1, size: "m" as SizeName },
+  (d) => ({
+    machines: env.integer("WARM_MACHINES", d.machines),
+    size: Config.literal("s", "m", "l", "xl")("HANGAR_WARM_SIZE").pipe(Config.withDefault(d.size)),
+  }),
+)
+
+/** The id prefix of warm machines (`[a-z0-9_]`, as machine ids must be). */
+export const warmPrefix = "warm_"
+
+/** Whether machine `id` was made warm (not for a run by its id). */
+export const isWarm = (id: string): boolean => id.startsWith(warmPrefix)
+
+/** A warm machine handed to a run: the run's from then on, destroyed with it. */
+export interface Warm {
+  readonly machine: Machine
+  readonly base: string
+  /** The private key the session logs in with. */
+  readonly clientKey: string
+  /** The open session, ready for the run's first command. */
+  readonly guest: GuestSession
+  /** Closes the session (before the machine is destroyed). */
+  readonly close: Effect.Effect<void>
+}
+
+/** The pool as a run's machine sees it. */
+export interface WarmPoolService {
+  /**
+   * A ready machine of `base` at `size`, taken out of the pool (a new one is made in the
+   * background), or none. Either way the pool then yields what the room left no longer holds.
+   */
+  readonly take: (base: string, size: SizeName) => Effect.Effect<Option.Option<Warm>>
+  /**
+   * Destroys every ready machine now (a machine being made for a run found the host's disk
+   * promised to them); answers how many went.
+   */
+  readonly yieldAll: Effect.Effect<number>
+  /** The machines ready now, oldest first (operators, tests and benches). */
+  readonly ready: Effect.Effect<ReadonlyArray<{ readonly id: string; readonly base: string }>>
+}
+
+/** The Tag of the host's warm pool. */
+export class WarmPool extends Context.Tag("host-agent/WarmPool")<WarmPool, WarmPoolService>() {}
+
+interface Entry extends Warm {
+  readonly scope: Scope.CloseableScope
+}
+
+/** The pool for the life of the scope (its machines are destroyed when it closes). */
+export const make = Effect.gen(function* () {
+  const settings = yield* WarmSettings.Tag
+  const driver = yield* MachineDriver
+  const capacity = yield* Capacity
+  const host = yield* Host
+  const bases = yield* BasesSettings.Tag
+  const size = sizes[settings.size]
+  const ready: Array<Entry> = []
+  let making = 0
+  // Set to wake the filler (a machine was taken, room came back, a base may have been built).
+  const wake = yield* Ref.make(yield* Deferred.make<void>())
+  const poke = Effect.flatMap(Ref.get(wake), (d) => Deferred.succeed(d, undefined))
+
+  const removeMachine = (id: string) =>
+    driver
+      .destroy(id)
+      .pipe(
+        Effect.catchAll((err) =>
+          Effect.logError("warm machine not fully removed").pipe(
+            Effect.annotateLogs({ machine: id, detail: err.detail }),
+          ),
+        ),
+      )
+  const destroy = (e: Entry) => Effect.zipRight(Scope.close(e.scope, Exit.void), removeMachine(e.machine.id))
+
+  // How many warm machines the room left would hold if they ran.
+  const roomFor = Effect.map(capacity.free, (free) =>
+    Math.max(
+      0,
+      Math.min(
+        Math.floor(free.vcpus / size.vcpus),
+        Math.floor(free.memory_mib / (size.memoryBytes / 2 ** 20)),
+      ),
+    ),
+  )
+
+  /**
+   * Destroys the oldest ready machines until the rest fit the room left (in the background). Only
+   * `take` calls it, after a placement took its machine or not: fitting on the room's own changes
+   * would destroy the machine a run just placed here is about to take.
+   */
+  const fit = Effect.gen(function* () {
+    const room = yield* roomFor
+    const over = ready.length + making - room
+    if (over <= 0) return
+    const going = ready.splice(0, Math.min(over, ready.length))
+    for (const e of going)
+      yield* Effect.logInfo("warm machine yields its room").pipe(
+        Effect.annotateLogs({ machine: e.machine.id }),
+      )
+    if (going.length > 0) yield* Effect.forkDaemon(Effect.forEach(going, destroy, { discard: true }))
+  })
+
+  const makeOne = (base: Bases.Base) =>
+    Effect.gen(function* () {
+      const id = `${warmPrefix}${randomBytes(10).toString("hex")}`
+      const keys = { client: newKeyPair(), host: newKeyPair() }
+      const scope = yield* Scope.make()
+      const made = yield* driver
+        .create({
+          id,
+          size: settings.size,
+          base: base.rootfs,
+          authorizedKey: keys.client.public,
+          hostKey: keys.host.private,
+          owner: host.id,
+        })
+        .pipe(Effect.either)
+      if (made._tag === "Left") {
+        yield* Scope.close(scope, Exit.void)
+        yield* Effect.logWarning("warm machine not made").pipe(
+          Effect.annotateLogs({ base: base.name, step: made.left.step, detail: made.left.detail }),
+        )
+        return false
+      }
+      const machine = made.right
+      const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private }).pipe(
+        Scope.extend(scope),
+        Effect.either,
+      )
+      if (guest._tag === "Left") {
+        yield* Scope.close(scope, Exit.void)
+        yield* removeMachine(id)
+        yield* Effect.logWarning("warm machine not reached").pipe(
+          Effect.annotateLogs({ machine: id, detail: guest.left.detail }),
+        )
+        return false
+      }
+      ready.push({
+        machine,
+        base: base.name,
+        clientKey: keys.client.private,
+        guest: guest.right,
+        scope,
+        close: Scope.close(scope, Exit.void),
+      })
+      yield* Effect.logInfo("warm machine ready").pipe(Effect.annotateLogs({ machine: id, base: base.name }))
+      return true
+    })
+
+  // The offered bases that want another machine, the one with the fewest first.
+  const wanted = Effect.gen(function* () {
+    const offered = yield* Bases.served(bases.recipes)
+    const have = (name: string) => ready.filter((e) => e.base === name).length
+    return (yield* Bases.list(bases.dir))
+      .filter((b) => offered(b) && have(b.name) < settings.machines)
+      .sort((a, b) => have(a.name) - have(b.name))
+  })
+
+  // One machine at a time while a base wants one and the room holds it; else sleep until poked
+  // (or 5 s: a base may have finished building).
+  const filler = Effect.gen(function* () {
+    for (;;) {
+      const next = yield* Deferred.make<void>()
+      yield* Ref.set(wake, next)
+      const base = (yield* wanted)[0]
+      if (base !== undefined && ready.length + 1 <= (yield* roomFor)) {
+        making++
+        // Not cut midway: a machine being made when the pool closes is finished, then destroyed.
+        const ok = yield* Effect.uninterruptible(
+          Effect.ensuring(
+            makeOne(base),
+            Effect.sync(() => making--),
+          ),
+        )
+        if (ok) continue
+        // Not made (the host's disk, say): tried again in a while, not at every event.
+        yield* Effect.sleep("30 seconds")
+        continue
+      }
+      yield* Deferred.await(next).pipe(Effect.timeout("5 seconds"), Effect.ignore)
+    }
+  })
+
+  if (settings.machines > 0) {
+    // Registered before the fibers: runs after they are stopped, with every made machine listed.
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach(ready.splice(0), destroy, { concurrency: "unbounded", discard: true }),
+    )
+    yield* Effect.forkScoped(filler)
+    // Room given back (a run ended) may let the pool fill again.
+    yield* Effect.forkScoped(Stream.runForEach(capacity.changes, () => poke))
+  }
+
+  const take: WarmPoolService["take"] = (base, want) =>
+    Effect.gen(function* () {
+      let found: Entry | undefined
+      if (want === settings.size) {
+        for (let i = 0; i < ready.length && found === undefined; i++) {
+          const e = ready[i]!
+          if (e.base !== base) continue
+          ready.splice(i--, 1)
+          // A machine that died while it waited is not handed out.
+          if (yield* Effect.promise(() => alive(Number(e.machine.handle.pid)))) found = e
+          else yield* Effect.forkDaemon(destroy(e))
+        }
+      }
+      yield* fit
+      yield* poke
+      if (found === undefined) return Option.none()
+      const { scope: _scope, ...warm } = found
+      yield* Effect.logInfo("warm machine taken").pipe(Effect.annotateLogs({ machine: found.machine.id }))
+      return Option.some(warm)
+    })
+
+  const yieldAll = Effect.gen(function* () {
+    const going = ready.splice(0)
+    for (const e of going)
+      yield* Effect.logInfo("warm machine yields its room").pipe(
+        Effect.annotateLogs({ machine: e.machine.id }),
+      )
+    yield* Effect.forEach(going, destroy, { concurrency: "unbounded", discard: true })
+    return going.length
+  })
+
+  return {
+    take,
+    yieldAll,
+    ready: Effect.sync(() => ready.map((e) => ({ id: e.machine.id, base: e.base }))),
+  } satisfies WarmPoolService
+})
+
+/** The pool as a layer, with its settings from `HANGAR_WARM_*`. */
+export const layer = Layer.scoped(WarmPool, make).pipe(Layer.provide(WarmSettings.layerFromEnv))
+
+/** The pool with these settings over the defaults (tests: `{ machines: 0 }` keeps none). */
+export const layerWith = (settings: Partial<typeof WarmSettings.defaults>) =>
+  Layer.scoped(WarmPool, make).pipe(Layer.provide(WarmSettings.layer(settings)))
