@@ -281,6 +281,11 @@ describe("runs", () => {
       window.seen = seen
       const badge = () => document.querySelector(".page-head [data-state]")?.getAttribute("data-state") ?? ""
       seen.push(badge())
+      // Layout shifts not caused by input (a click, a key): live data must not move the page.
+      window.shifts = []
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) if (!e.hadRecentInput) window.shifts.push(e.value)
+      }).observe({ type: "layout-shift" })
       new MutationObserver(() => {
         const now = badge()
         if (seen[seen.length - 1] !== now) seen.push(now)
@@ -311,6 +316,7 @@ describe("runs", () => {
     await page.waitForSelector(".page-head [data-state='succeeded']", { timeout: 120_000 })
     const seen = await page.evaluate("window.seen")
     expect(seen).toEqual(["queued", "running", "succeeded"])
+    expect(await page.evaluate("window.shifts")).toEqual([])
     await page.waitForSelector("#download-output")
     await page.waitForSelector(".log .log-line")
     await shot("run-succeeded")
@@ -370,8 +376,10 @@ describe("keys and members", () => {
   it("an owner creates a key (its token shown once, and it works) and revokes it", async () => {
     await signIn(acct.ownerEmail)
     await page.goto(`${stack.url}/keys`)
-    await page.fill("#key-name", "from-console")
-    await page.click("#create-key")
+    // By keyboard alone: type the name, Enter submits.
+    await page.focus("#key-name")
+    await page.keyboard.type("from-console")
+    await page.keyboard.press("Enter")
     const token = await page.inputValue("#new-token")
     expect(token).toMatch(/^hgr_/)
     await shot("keys")

@@ -184,15 +184,31 @@ export const RunPage = (props: { readonly id: string }) => {
         <dd>
           {seconds === undefined ? "—" : duration(seconds)} · <span data-cost>{cost(run, rate)}</span>
         </dd>
-        {model !== undefined && model.calls > 0 ? (
-          <>
-            <dt>Model</dt>
-            <dd>
-              {model.calls} calls · {model.input_tokens} in · {model.output_tokens} out ·{" "}
-              {model.cache_read_tokens} cached · {model.web_searches} searches
-            </dd>
-          </>
-        ) : null}
+        <dt>Model</dt>
+        <dd>
+          {model === undefined || model.calls === 0
+            ? "—"
+            : `${model.calls} calls · ${model.input_tokens} in · ${model.output_tokens} out · ${model.cache_read_tokens} cached · ${model.web_searches} searches`}
+        </dd>
+        <dt>Output</dt>
+        <dd>
+          {run.output === undefined ? (
+            "—"
+          ) : (
+            <>
+              <a href={run.output.url} download={`${run.id}.tar.gz`} id="download-output">
+                Download .tar.gz
+              </a>{" "}
+              <span class="dim">
+                {size(run.output.bytes)}, {run.output.file_count}{" "}
+                {run.output.file_count === 1 ? "file" : "files"} ·{" "}
+                <span class="mono" title="SHA-256">
+                  sha256 {run.output.sha256.slice(0, 12)}…
+                </span>
+              </span>
+            </>
+          )}
+        </dd>
         {run.external_reference !== undefined ? (
           <>
             <dt>Reference</dt>
@@ -208,17 +224,44 @@ export const RunPage = (props: { readonly id: string }) => {
       ) : null}
       <h2>Prompt</h2>
       <pre class="prompt">{run.prompt}</pre>
+      <p>
+        {run.state === "running" ? (
+          // A page load, not an in-app link: the terminal's page has its own Content-Security-Policy.
+          <a class="button" href={`/runs/${run.id}/terminal`} id="open-terminal">
+            Open a terminal
+          </a>
+        ) : (
+          // The same box in every state, so nothing below moves when the run starts or ends.
+          <span
+            class="button disabled"
+            aria-disabled="true"
+            title="A terminal opens while the run is running"
+          >
+            Open a terminal
+          </span>
+        )}
+      </p>
+      <h2>Log</h2>
+      <section class="log" ref={logBox} aria-label="Run log">
+        {log.length === 0 ? (
+          <p class="empty">Nothing logged yet.</p>
+        ) : (
+          log.map((l, i) => <LogLine key={i} line={l} />)
+        )}
+      </section>
+      <h2>Commands</h2>
+      {commands.length === 0 ? (
+        <p class="empty">No commands yet.</p>
+      ) : (
+        <ul class="commands">
+          {commands.map((c) => (
+            <CommandRow key={c.id} command={c} />
+          ))}
+        </ul>
+      )}
       {run.output !== undefined ? (
         <>
-          <h2>Output</h2>
-          <p>
-            <a class="button" href={run.output.url} download={`${run.id}.tar.gz`} id="download-output">
-              Download output (.tar.gz, {size(run.output.bytes)})
-            </a>{" "}
-            <span class="dim mono" title="SHA-256">
-              sha256 {run.output.sha256}
-            </span>
-          </p>
+          <h2>Output files</h2>
           <ul class="files">
             {(run.output.files as Array<Json>).map((f) => (
               <li key={f.path} class="mono">
@@ -232,32 +275,6 @@ export const RunPage = (props: { readonly id: string }) => {
           ) : null}
         </>
       ) : null}
-      {run.state === "running" ? (
-        <p>
-          {/* A page load, not an in-app link: the terminal's page has its own Content-Security-Policy. */}
-          <a class="button" href={`/runs/${run.id}/terminal`} id="open-terminal">
-            Open a terminal
-          </a>
-        </p>
-      ) : null}
-      <h2>Commands</h2>
-      {commands.length === 0 ? (
-        <p class="empty">No commands yet.</p>
-      ) : (
-        <ul class="commands">
-          {commands.map((c) => (
-            <CommandRow key={c.id} command={c} />
-          ))}
-        </ul>
-      )}
-      <h2>Log</h2>
-      <section class="log" ref={logBox} aria-label="Run log">
-        {log.length === 0 ? (
-          <p class="empty">Nothing logged yet.</p>
-        ) : (
-          log.map((l, i) => <LogLine key={i} line={l} />)
-        )}
-      </section>
     </Page>
   )
 }
