@@ -17,10 +17,13 @@
  *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8]
  */
 import { fork } from "node:child_process"
+import { readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect } from "effect"
 import { root } from "../deploy/tools.mjs"
 import { testGuest } from "../host-agent/guest/testing.ts"
+import * as Cgroups from "../host-agent/machines/namespace/Cgroups.ts"
+import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { createAccount, publish, type Stack, startStack, type TestAccount } from "../test/harness/Stack.ts"
 
 const runs = Number(process.argv[2] ?? 50)
@@ -130,6 +133,33 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
   })
 
+/** What the warm machines ready now cost while idle: memory held, and CPU over 5 s (their cgroups). */
+const idleCost = async (stack: Stack) => {
+  const ids = [
+    ...new Set(
+      stack.lines.flatMap((l) =>
+        l.line.includes('"msg":"warm machine ready"')
+          ? [/"machine":"(warm_[0-9a-f]+)"/.exec(l.line)?.[1] ?? ""]
+          : [],
+      ),
+    ),
+  ]
+  const root = NamespaceDriverSettings.defaults.cgroupRoot
+  const read = async (controller: string, file: string) => {
+    let total = 0
+    for (const id of ids)
+      total += Number(
+        (await readFile(join(Cgroups.groupOf(root, controller, id), file), "utf8").catch(() => "0")).trim(),
+      )
+    return total
+  }
+  const cpu0 = await read("cpuacct", "cpuacct.usage")
+  await new Promise((r) => setTimeout(r, 5_000))
+  const cpuMs = ((await read("cpuacct", "cpuacct.usage")) - cpu0) / 1e6
+  const memory = await read("memory", "memory.usage_in_bytes")
+  return `  ${ids.length} warm machines idle: ${(memory / 2 ** 20).toFixed(1)} MiB of memory in all, ${cpuMs.toFixed(1)} ms of CPU over 5 s`
+}
+
 /**
  * The caller's figures against a stack in one process (`npm start`) or with a process per role,
  * with `warm` warm machines of the runs' size (room for them and a run: 4 vCPUs) or none.
@@ -156,6 +186,7 @@ const measure = async (processes: boolean, bare: Bare, warm = 0) => {
       if (Date.now() > deadline) throw new Error("the warm machines were never ready")
       await new Promise((r) => setTimeout(r, 50))
     }
+    if (warm > 0) console.log(await idleCost(stack))
     const who = await createAccount(stack, { creditUsd: 100 })
     const fn = await publish(stack, who, { timeout_minutes: 60 })
     return await client(stack, who, String(fn.function), bare)

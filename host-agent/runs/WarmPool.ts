@@ -3,7 +3,7 @@
  * asks — made, sshd answering, the host agent's session to it open — so a run that matches one
  * starts on it at once instead of waiting for a machine to be made (`RunMachine`, issue 25).
  *
- * - What is kept: `HANGAR_WARM_MACHINES` (default 1, 0 turns it off) per offered base, made at
+ * - What is kept: `HANGAR_WARM_MACHINES` (default 2, 0 turns it off) per offered base, made at
  *   `HANGAR_WARM_SIZE` (default `m`, the spec's default size). A run of that base and size takes
  *   one; a run of another size starts on a new machine as before (limits are set when a machine is
  *   made; changing a running machine's disk and pinning is left for later).
@@ -42,7 +42,7 @@ import { Host } from "../registry/HostSettings.ts"
 /** `HANGAR_WARM_MACHINES` (per offered base; 0 = none) and `HANGAR_WARM_SIZE` (the size they are made at). */
 export const WarmSettings = defineSettings(
   "host-agent/WarmSettings",
-  { machines: 1, size: "m" as SizeName },
+  { machines: 2, size: "m" as SizeName },
   (d) => ({
     machines: env.integer("WARM_MACHINES", d.machines),
     size: Config.literal("s", "m", "l", "xl")("HANGAR_WARM_SIZE").pipe(Config.withDefault(d.size)),
