@@ -2,11 +2,14 @@
  * The distributed shape on one machine, with real processes: a 3-node JetStream cluster
  * (`test/harness/NatsCluster.ts`, the config `deploy/cluster/` documents) with every stream, KV
  * bucket and object store R3, and each role as `hangar serve <role>`: two gateways, two actor
- * workers and three host agents with their own host ids. Runs go through both gateways while one
+ * workers and three host agents with their own host ids, machines folders, run folders and address
+ * pools (`Stack.startExtra`), as three hosts would have. Runs go through both gateways while one
  * nats-server node is SIGKILLed and restarted on its store; every run ends, and every command's
  * effect is there exactly once.
  */
 import { randomBytes, randomUUID } from "node:crypto"
+import { readdir, stat } from "node:fs/promises"
+import { join } from "node:path"
 import { Effect, Fiber, Layer, Logger, LogLevel, Option, Schedule, Schema, type Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as Kv from "../core/Kv.ts"
@@ -14,6 +17,7 @@ import * as Nats from "../core/Nats.ts"
 import * as OperatorEvents from "../core/OperatorEvents.ts"
 import * as Storage from "../core/Storage.ts"
 import { Storage as StorageTag } from "../core/Storage.ts"
+import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { derivedId } from "../host-agent/registry/HostSettings.ts"
 import type { OperatorEvent } from "../schema/OperatorEvent.ts"
 import { storageNames } from "../schema/Subjects.ts"
@@ -286,6 +290,30 @@ describe("a 3-node NATS cluster", () => {
           }),
         )
       await appendLines(0, 2)
+      // Each host agent keeps its machines in its own folder (as separate hosts would): every run's
+      // machine is in exactly one, and not all in the main host agent's.
+      const folders = await Promise.all(
+        runs.map(async (run) => {
+          const candidates = [
+            NamespaceDriverSettings.defaults.machinesDir,
+            ...(await readdir("/var/lib/hangar/test-hosts").catch(() => [] as Array<string>))
+              .filter((d) => d.startsWith(stack.prefix))
+              .map((d) => join("/var/lib/hangar/test-hosts", d)),
+          ]
+          const holding = []
+          for (const dir of candidates)
+            if (
+              await stat(join(dir, run)).then(
+                () => true,
+                () => false,
+              )
+            )
+              holding.push(dir)
+          return holding
+        }),
+      )
+      for (const holding of folders) expect(holding).toHaveLength(1)
+      expect(folders.some(([dir]) => dir !== NamespaceDriverSettings.defaults.machinesDir)).toBe(true)
       // A node goes mid-runs: the lines keep coming while it is gone and as it comes back.
       const node = cluster.nodes[0]!
       await node.kill()

@@ -27,7 +27,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { createHash, randomBytes } from "node:crypto"
 import { appendFileSync } from "node:fs"
-import { mkdtemp, rm } from "node:fs/promises"
+import { mkdir, mkdtemp, rm } from "node:fs/promises"
 import http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -56,6 +56,7 @@ import { root } from "../../deploy/tools.mjs"
 import { personToken } from "../../gateway/auth/testing.ts"
 import * as Gateway from "../../gateway/main.ts"
 import { type Base, ensureTestBase } from "../../host-agent/bases/Bases.ts"
+import { ownedIn } from "../../host-agent/machines/MachineDriver.ts"
 import * as NamespaceDriver from "../../host-agent/machines/namespace/NamespaceDriver.ts"
 import { leftovers } from "../../host-agent/machines/namespace/testing.ts"
 import * as HostAgent from "../../host-agent/main.ts"
@@ -63,6 +64,7 @@ import { derivedId } from "../../host-agent/registry/HostSettings.ts"
 import * as Relay from "../../relay/main.ts"
 import type { BaseInfo } from "../../schema/Base.ts"
 import { HostRecord } from "../../schema/Host.ts"
+import { type AddressPool, claimAddressPool } from "./AddressPools.ts"
 import { freePort } from "./NatsCluster.ts"
 import { startNatsServer } from "./NatsServer.ts"
 import { uniquePrefix } from "./names.ts"
@@ -465,9 +467,38 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const runs = new Set<string>()
 
   const extras = new Set<ChildProcess>()
+  // Each extra host agent's own machines folder, run folder and address pool, as another host
+  // would have, by host id (one restarted with its id finds what its earlier life left).
+  const places = new Map<string, { machinesDir: string; runDir: string; pool: AddressPool }>()
+  const placeOf = async (hostId: string) => {
+    const known = places.get(hostId)
+    if (known !== undefined) return known
+    // Searchable by all, as the default folder is: a machine's root reaches its mounts through it.
+    const machinesDir = join("/var/lib/hangar/test-hosts", `${prefix}-${places.size + 1}`)
+    await mkdir(machinesDir, { recursive: true, mode: 0o755 })
+    const place = {
+      machinesDir,
+      runDir: `/run/hangar-test-hosts/${prefix}-${places.size + 1}`,
+      pool: await claimAddressPool(),
+    }
+    places.set(hostId, place)
+    return place
+  }
   const startExtra = async (role: Role, settings: Readonly<Record<string, string>> = {}) => {
     if (options.processes !== true) throw new Error("startExtra needs processes: true")
-    const piece = await spawnRole(role, settings)
+    const place =
+      role === "host" ? await placeOf(settings.HOST_ID ?? randomBytes(8).toString("hex")) : undefined
+    const piece = await spawnRole(
+      role,
+      place === undefined
+        ? settings
+        : {
+            MACHINES_DIR: place.machinesDir,
+            RUN_DIR: place.runDir,
+            MACHINE_ADDRESS_POOL: place.pool.address,
+            ...settings,
+          },
+    )
     if (piece._tag !== "Child") throw new Error("unreachable")
     const child = piece.child
     extras.add(child)
@@ -539,15 +570,38 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
       // What the host agent left is reported, then removed anyway so a failing test leaks nothing.
       const found: Array<string> = []
       const driver = NamespaceDriver.make(NamespaceDriver.NamespaceDriverSettings.defaults)
-      // Every run's machine, and every warm machine a host agent made (it logs each by id).
+      // Every run's machine, and every warm machine a host agent made (it logs each by id), on
+      // every host agent's folders.
       const warm = new Set(
         lines.flatMap((l) => [...l.line.matchAll(/"machine":"(warm_[0-9a-f]+)"/g)].map((m) => m[1]!)),
       )
-      for (const id of [...[...runs].map(machineIdOf), ...warm]) {
-        const left = await leftovers(id)
-        if (left.length === 0) continue
-        found.push(...left)
-        await Effect.runPromise(Effect.ignore(driver.destroy(id)))
+      const hosts = [
+        { id: hostId, settings: NamespaceDriver.NamespaceDriverSettings.defaults, driver },
+        ...[...places.entries()].map(([id, p]) => {
+          const settings = {
+            ...NamespaceDriver.NamespaceDriverSettings.defaults,
+            machinesDir: p.machinesDir,
+            runDir: p.runDir,
+            addressPool: p.pool.address,
+          }
+          return { id, settings, driver: NamespaceDriver.make(settings) }
+        }),
+      ]
+      // And whatever else a host agent of the stack still owns (a machine it was making, say).
+      const owned = await Promise.all(
+        hosts.map((h) => Effect.runPromise(ownedIn(h.settings.machinesDir, h.id))),
+      )
+      for (const id of new Set([...[...runs].map(machineIdOf), ...warm, ...owned.flat()]))
+        for (const host of hosts) {
+          const left = await leftovers(id, host.settings)
+          if (left.length === 0) continue
+          found.push(...left)
+          await Effect.runPromise(Effect.ignore(host.driver.destroy(id)))
+        }
+      for (const p of places.values()) {
+        await rm(p.machinesDir, { recursive: true, force: true })
+        await rm(p.runDir, { recursive: true, force: true })
+        await p.pool.release()
       }
       return found
     },

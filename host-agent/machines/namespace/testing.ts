@@ -28,9 +28,18 @@ const exists = (path: string) =>
     () => false,
   )
 
-/** Everything machine `id` could have left behind on the host, by kind; empty when clean. */
-export const leftovers = async (id: string): Promise<Array<string>> => {
-  const s = NamespaceDriverSettings.defaults
+/**
+ * Everything machine `id` could have left behind on the host, by kind; empty when clean. `places`
+ * names the host agent's folders when they are not the defaults (another host agent of a test).
+ */
+export const leftovers = async (
+  id: string,
+  places: Pick<
+    typeof NamespaceDriverSettings.defaults,
+    "machinesDir" | "runDir"
+  > = NamespaceDriverSettings.defaults,
+): Promise<Array<string>> => {
+  const s = { ...NamespaceDriverSettings.defaults, ...places }
   const found: Array<string> = []
   const dir = join(s.machinesDir, id)
   // What the folder still holds tells a claim (owner, kept.json) from a machine half removed.
