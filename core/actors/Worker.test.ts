@@ -302,7 +302,10 @@ describe("actor worker", () => {
             },
           })
           const read = yield* eventually(
-            Effect.map(State.read(Stamped, "s2"), Option.filter((r) => r.seq >= 10)),
+            Effect.map(
+              State.read(Stamped, "s2"),
+              Option.filter((r) => r.seq >= 10),
+            ),
             "30 seconds",
             "stamped/s2 to take all 10 messages",
           )
@@ -312,9 +315,14 @@ describe("actor worker", () => {
           expect(read.failure).toMatchObject({ tag: "ParseError" })
           expect(read.state.seen.map((d) => d.getUTCDate())).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9])
           // It goes on from there.
-          const next = yield* Mailbox.ask(Stamped, "s2", { _tag: "Stamp", at: Date.UTC(2026, 0, 11) }, {
-            timeout: "10 seconds",
-          })
+          const next = yield* Mailbox.ask(
+            Stamped,
+            "s2",
+            { _tag: "Stamp", at: Date.UTC(2026, 0, 11) },
+            {
+              timeout: "10 seconds",
+            },
+          )
           expect(next).toBe(10)
           yield* w.stop
         }),

@@ -212,7 +212,16 @@ const handleGroup = (
       // A redelivery behind new messages cannot happen (one actor's messages come in stream order);
       // should it, it waits for the next group, which sees this group's write.
       if (d.seq <= record.seq) break
-      const step = yield* applyOne(rt, id, partition, current, d, started, strict, next + 1 < deliveries.length)
+      const step = yield* applyOne(
+        rt,
+        id,
+        partition,
+        current,
+        d,
+        started,
+        strict,
+        next + 1 < deliveries.length,
+      )
       if (step._tag === "Retry") {
         retry = step
         break
