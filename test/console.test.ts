@@ -73,6 +73,12 @@ const signIn = async (email: string) => {
   await page.waitForSelector(`.email:text("${email}")`)
 }
 
+/**
+ * The layout shift a page recorded, summed as the browser's Cumulative Layout Shift is (0 is none;
+ * 0.1 is the usual bound of "good"): what live data moved must stay far below anything visible.
+ */
+const totalShift = (shifts: unknown): number => (shifts as Array<number>).reduce((a, b) => a + b, 0)
+
 const shot = (name: string) => page.screenshot({ path: join(shots, `${name}.png`), fullPage: true })
 
 const sessionCookie = async () =>
@@ -263,6 +269,18 @@ describe("CLI login approval", () => {
     const saved = JSON.parse(readFileSync(join(home, "hangar", "credentials.json"), "utf8"))[stack.url]
     expect(saved).toMatchObject({ account: acct.id, name: "laptop-7", key: expect.stringMatching(/^hgr_/) })
     await shot("cli-login-approved")
+
+    // Refused: nothing approved; the login stays pending until it expires.
+    const other = expectStatus(
+      await call(stack, "POST", "/v1/cli-logins", {}, { name: "stranger-box", key_hash: "a".repeat(64) }),
+      201,
+      "POST /v1/cli-logins",
+    )
+    await page.goto(other.url)
+    await page.waitForSelector("#login-machine:text('stranger-box')")
+    await page.click("#refuse")
+    await page.waitForSelector("text=Refused: nothing was approved")
+    expect((await call(stack, "GET", `/v1/cli-logins/${other.id}`, {})).body.state).toBe("pending")
   })
 })
 
@@ -316,7 +334,7 @@ describe("runs", () => {
     await page.waitForSelector(".page-head [data-state='succeeded']", { timeout: 120_000 })
     const seen = await page.evaluate("window.seen")
     expect(seen).toEqual(["queued", "running", "succeeded"])
-    expect(await page.evaluate("window.shifts")).toEqual([])
+    expect(totalShift(await page.evaluate("window.shifts"))).toBeLessThan(0.001)
     await page.waitForSelector("#download-output")
     await page.waitForSelector(".log .log-line")
     await shot("run-succeeded")
@@ -361,6 +379,17 @@ describe("terminal", () => {
     await shot("terminal")
     await page.keyboard.type("exit 3\n")
     await page.waitForSelector("#terminal-status:text('the shell exited with status 3')")
+
+    // The list follows the run too: its row turns failed in place, and nothing on the page moves.
+    await page.goto(`${stack.url}/runs`)
+    await page.waitForSelector(`[data-run='${run.id}'] [data-state='running']`)
+    await page.evaluate(`(() => {
+      window.shifts = []
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) if (!e.hadRecentInput) window.shifts.push(e.value)
+      }).observe({ type: "layout-shift" })
+      window.unreloaded = true
+    })()`)
     expectStatus(
       await call(stack, "POST", `/v1/runs/${run.id}/commands`, acct.admin, {
         kind: "finish",
@@ -369,6 +398,13 @@ describe("terminal", () => {
       201,
       "finish",
     )
+    await page.waitForSelector(`[data-run='${run.id}'] [data-state='failed']`)
+    expect(await page.evaluate("window.unreloaded")).toBe(true)
+    expect(totalShift(await page.evaluate("window.shifts"))).toBeLessThan(0.001)
+    await page.goto(`${stack.url}/runs/${run.id}`)
+    await page.waitForSelector(".failure:has-text('no_submission')")
+    await page.waitForSelector(".failure:has-text('done looking')")
+    await shot("run-failed")
   })
 })
 
@@ -442,7 +478,16 @@ describe("keys and members", () => {
     await page.goto(`${stack.url}/members`)
     await page.waitForSelector("button:text('Invite')")
     await page.waitForSelector(`td:text("${member}")`)
+    // An invite made and cancelled from the page.
+    const invited = `invited-${randomBytes(4).toString("hex")}@example.com`
+    await page.fill("input[type=email]", invited)
+    await page.click("button:text('Invite')")
+    await page.waitForSelector(`li:has-text("${invited}")`)
     await shot("members")
+    const invites = expectStatus(await call(stack, "GET", "/v1/invites", acct.owner), 200, "invites")
+    expect(invites.invites.map((i: { email: string }) => i.email)).toContain(invited)
+    await page.click(`li:has-text("${invited}") button:text('Cancel')`)
+    await page.waitForSelector(`li:has-text("${invited}")`, { state: "detached" })
   })
 })
 
