@@ -141,6 +141,19 @@ describe("sign-in", () => {
     await shot("sign-in")
   })
 
+  it("a link opened twice at once signs in once", async () => {
+    const secret = new URL(await link(acct.ownerEmail)).searchParams.get("link")!
+    const uses = await stack.run(
+      Effect.flatMap(ConsoleSessions.make, (s) =>
+        Effect.all([s.useLink(secret, 60_000), s.useLink(secret, 60_000), s.useLink(secret, 60_000)], {
+          concurrency: "unbounded",
+        }),
+      ),
+    )
+    expect(uses.filter((u) => typeof u !== "string")).toHaveLength(1)
+    expect(uses.filter((u) => u === "used")).toHaveLength(2)
+  })
+
   it("a link past its lifetime (HANGAR_CONSOLE_LINK_MS) and an unknown one sign nobody in", async () => {
     await browser.context.clearCookies()
     await page.goto(await linkByCli(acct.ownerEmail, { HANGAR_CONSOLE_LINK_MS: "0" }))
