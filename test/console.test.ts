@@ -349,7 +349,8 @@ describe("runs", () => {
     expect(seen).toEqual(["queued", "running", "succeeded"])
     expect(totalShift(await page.evaluate("window.shifts"))).toBeLessThan(0.001)
     await page.waitForSelector("#download-output")
-    await page.waitForSelector(".log .log-line")
+    // The log follows to its closing line.
+    await page.waitForSelector(".log .log-kind:text('end')")
     await shot("run-succeeded")
 
     const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download-output")])

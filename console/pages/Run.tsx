@@ -8,7 +8,10 @@ import { useEffect, useRef, useState } from "preact/hooks"
 import { api, describe, type Json } from "../api.ts"
 import { Page, Problem, State } from "../components.tsx"
 import { duration, size, usd, when } from "../format.ts"
-import { watchRun } from "../watch.ts"
+import { isEnded, watchRun } from "../watch.ts"
+
+/** How often a running run's log is read when nothing else changed (the service stores it every 30 s). */
+const LOG_EVERY_MS = 30_000
 
 // The spec's machine sizes' memory, for the compute cost of a run.
 const memoryGib: Record<string, number> = { s: 2, m: 4, l: 8, xl: 16 }
@@ -78,6 +81,7 @@ export const RunPage = (props: { readonly id: string }) => {
     const { signal } = controller
     partsRead.current = 0
     let reading = false
+    let sawEnd = false
     let again = false
     // Fetches the log parts written since the last read, in order.
     const readLog = async () => {
@@ -104,6 +108,7 @@ export const RunPage = (props: { readonly id: string }) => {
                 }
               })
             partsRead.current++
+            if (lines.some((l) => l.kind === "end")) sawEnd = true
             setLog((old) => [...old, ...lines])
           }
         } while (again && !signal.aborted)
@@ -123,6 +128,11 @@ export const RunPage = (props: { readonly id: string }) => {
         .catch((e) => {
           if (!signal.aborted) setProblem(describe(e))
         })
+    // A running run's log is stored in parts every 30 s (HANGAR_RUN_LOG_FLUSH_MS) whether or not a
+    // command changed: read what is new at that pace too, until the run ends.
+    const logTimer = setInterval(() => {
+      if (shown !== "" && !isEnded(shown)) void readLog()
+    }, LOG_EVERY_MS)
     void readRun().then(() =>
       watchRun(
         id,
@@ -140,9 +150,20 @@ export const RunPage = (props: { readonly id: string }) => {
           void readLog()
         },
         signal,
-      ),
+      ).finally(async () => {
+        clearInterval(logTimer)
+        // The last part is stored as the run ends, maybe just after its state: read until the
+        // log's closing line is there (a few tries, further apart each time).
+        for (let pauseMs = 500; pauseMs <= 8000 && !signal.aborted && !sawEnd; pauseMs *= 2) {
+          await readLog()
+          if (!sawEnd) await new Promise((r) => setTimeout(r, pauseMs))
+        }
+      }),
     )
-    return () => controller.abort()
+    return () => {
+      clearInterval(logTimer)
+      controller.abort()
+    }
   }, [id])
 
   // The log box follows new lines while it is scrolled to its end.
