@@ -52,8 +52,8 @@ import { BasesSettings, ensureTestBase } from "../bases/Bases.ts"
 import { connect } from "../guest/GuestSession.ts"
 import { archive, entry } from "../guest/testing.ts"
 import { MachineDriver } from "../machines/MachineDriver.ts"
-import { NamespaceDriverSettings, make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
-import { leftovers, newKeys } from "../machines/namespace/testing.ts"
+import { make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
+import { leftovers, newKeys, testDriverSettings } from "../machines/namespace/testing.ts"
 import * as Capacity from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 import * as HostActor from "./HostActor.ts"
@@ -89,7 +89,8 @@ const services = (url: string, prefix: string) => {
     RunSettings.layer({ logFlushMs: 300, endGraceMs: 10_000 }),
     TerminalSettings.layer({ joinWaitMs: 2_000 }),
     BasesSettings.layer(),
-    Layer.succeed(MachineDriver, namespaceDriver(NamespaceDriverSettings.defaults)),
+    // Disks promised 16 times over, as every test's machines (other test files make theirs at once).
+    Layer.succeed(MachineDriver, namespaceDriver(testDriverSettings)),
   ).pipe(
     Layer.provideMerge(sealing),
     Layer.provideMerge(ActorSettings.layer({})),
@@ -568,7 +569,7 @@ describe("HostActor", () => {
       const id = makeId("run") as RunId
       const keys = newKeys()
       const rootfs = (await ensureTestBase()).rootfs
-      const driver = namespaceDriver(NamespaceDriverSettings.defaults)
+      const driver = namespaceDriver(testDriverSettings)
       const machine = await Effect.runPromise(
         driver.create({
           id,
