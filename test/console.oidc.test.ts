@@ -14,6 +14,8 @@ import { launchBrowser, type TestBrowser } from "./harness/Browser.ts"
 import { hangar } from "./harness/Cli.ts"
 import { closeStack, type Stack, startStack } from "./harness/Stack.ts"
 
+// On a loaded machine (2 cores, other suites beside) a browser and a CLI start slowly: each test
+// gets 2 minutes.
 let stack: Stack
 let oidc: OidcFake
 let browser: TestBrowser
@@ -35,7 +37,7 @@ afterAll(async () => {
 
 const cookie = async () => (await browser.context.cookies(stack.url)).find((c) => c.name === SESSION_COOKIE)
 
-describe("OIDC sign-in", () => {
+describe("OIDC sign-in", { timeout: 120_000 }, () => {
   it("goes to the issuer with PKCE (S256) and a nonce, and comes back signed in", async () => {
     const email = `oidc-${randomBytes(4).toString("hex")}@example.com`
     await stack.run(Effect.flatMap(Accounts, (a) => a.createAccount("oidc-lab", email)))

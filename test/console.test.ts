@@ -33,6 +33,8 @@ import {
   type TestAccount,
 } from "./harness/Stack.ts"
 
+// On a loaded machine (2 cores, other suites beside) a run may take a while to be placed: each
+// test gets 4 minutes.
 let stack: Stack
 let acct: TestAccount
 let browser: TestBrowser
@@ -119,7 +121,7 @@ afterAll(async () => {
   await Effect.runPromise(Scope.close(scope, Exit.void))
 }, 300_000)
 
-describe("sign-in", () => {
+describe("sign-in", { timeout: 240_000 }, () => {
   it("a console link signs in once, sets an HttpOnly SameSite=Lax cookie, and lands on the runs", async () => {
     const url = await linkByCli(acct.ownerEmail)
     expect(url.startsWith(`${stack.url}/console/sign-in?link=`)).toBe(true)
@@ -254,7 +256,7 @@ describe("sign-in", () => {
   })
 })
 
-describe("CLI login approval", () => {
+describe("CLI login approval", { timeout: 240_000 }, () => {
   it("the page a `hangar login` URL opens shows the machine and the code; approving finishes the CLI", async () => {
     await signIn(acct.ownerEmail)
     const home = configHome()
@@ -297,7 +299,7 @@ describe("CLI login approval", () => {
   })
 })
 
-describe("runs", () => {
+describe("runs", { timeout: 240_000 }, () => {
   it("a run page follows the run from queued to succeeded without a reload; its output downloads whole", async () => {
     await signIn(acct.ownerEmail)
     const fn = await publish(stack, acct, { name: "console-fn", output_manifest: [{ path: "answer.txt" }] })
@@ -376,7 +378,7 @@ describe("runs", () => {
   })
 })
 
-describe("terminal", () => {
+describe("terminal", { timeout: 240_000 }, () => {
   it("a browser terminal on a running run runs what is typed, end to end encrypted", async () => {
     await signIn(acct.ownerEmail)
     const fn = await publish(stack, acct, { name: "console-shell", output_manifest: [{ path: "x.txt" }] })
@@ -422,7 +424,7 @@ describe("terminal", () => {
   })
 })
 
-describe("keys and members", () => {
+describe("keys and members", { timeout: 240_000 }, () => {
   it("an owner creates a key (its token shown once, and it works) and revokes it", async () => {
     await signIn(acct.ownerEmail)
     await page.goto(`${stack.url}/keys`)
@@ -505,7 +507,7 @@ describe("keys and members", () => {
   })
 })
 
-describe("functions, providers and usage", () => {
+describe("functions, providers and usage", { timeout: 240_000 }, () => {
   it("show the versions with their definitions, the providers without their keys, the balance and ledger", async () => {
     await signIn(acct.ownerEmail)
     await publishProvider(
@@ -534,7 +536,7 @@ describe("functions, providers and usage", () => {
   })
 })
 
-describe("credit", () => {
+describe("credit", { timeout: 240_000 }, () => {
   it("an owner buys credit through the processor's page, and the purchase shows once it is confirmed", async () => {
     await signIn(acct.ownerEmail)
     await page.goto(`${stack.url}/usage`)
@@ -558,7 +560,7 @@ describe("credit", () => {
   })
 })
 
-describe("pages", () => {
+describe("pages", { timeout: 240_000 }, () => {
   it("broke no Content-Security-Policy rule and threw nothing", () => {
     expect(pageErrors).toEqual([])
   })
