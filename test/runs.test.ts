@@ -231,6 +231,14 @@ describe("a run from publish to output", () => {
       [10, "finish", "succeeded"],
     ])
 
+    // Nothing more changes on an ended run: a long poll from its end answers at once with its
+    // state, not after its wait (the request gives up long before the 25 s it asks for).
+    const polled = await fetch(`${stack.url}/v1/runs/${run}/commands?since=${listed.body.sequence}&wait=25`, {
+      headers: acct.admin,
+      signal: AbortSignal.timeout(15_000),
+    })
+    expect(await polled.json()).toEqual({ commands: [], state: "succeeded", sequence: listed.body.sequence })
+
     // An ended run refuses commands.
     const late = await call(stack, "POST", `/v1/runs/${run}/commands`, acct.admin, {
       kind: "bash",

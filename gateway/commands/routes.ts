@@ -50,6 +50,7 @@ import {
 import { timestamp } from "../../schema/Common.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import type { CommandId } from "../../schema/Ids.ts"
+import { endedRunStates } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
 import { attemptTag, newId } from "../Idempotency.ts"
@@ -190,7 +191,9 @@ export const routes = [
           const { since = 0, wait = 0 } = yield* decodeQuery(ListCommandsQuery, query)
           const run = yield* readRun(principal, params.id)
           let read = yield* Records.changedAfter(run.id, since, settings.listMaxBytes)
-          if (read.entries.length === 0 && wait > 0) {
+          // An ended run changes no more: its state is answered at once (a caller whose last read
+          // showed it running would otherwise wait the whole `wait` for a change that never comes).
+          if (read.entries.length === 0 && wait > 0 && !endedRunStates.has(run.state)) {
             yield* upTo(
               Duration.seconds(wait),
               Effect.raceFirst(
