@@ -4,7 +4,8 @@
  * the roles first, then drains the connection, then stops nats-server and releases the lock.
  *
  * On a data folder with no account yet it creates a first account, owned by `HANGAR_LOCAL_OWNER`
- * (default `owner@hangar.local`), and prints how to get that person's token and an admin key.
+ * (default `owner@hangar.local`), and prints how to sign that person in to the console and get
+ * their token and an admin key.
  */
 import { Console, Effect, Layer } from "effect"
 import * as Actors from "../actors/main.ts"
@@ -23,6 +24,8 @@ export const roles = Layer.mergeAll(Gateway.layer, Relay.layer, Actors.layer, Ho
 const howTo = (api: string, account: string, owner: string) =>
   [
     `hangar: first account ${account}, owned by ${owner}`,
+    "  the web console: open the link this prints (once, within 10 minutes):",
+    `    npx hangar admin console-link --email ${owner}`,
     "  a token for that person (valid 12 hours):",
     `    TOKEN=$(npx hangar admin token --email ${owner} | jq -r .token)`,
     "  an admin key (shown once):",
