@@ -100,6 +100,8 @@ export const make = Effect.gen(function* () {
   const size = sizes[settings.size]
   const ready: Array<Entry> = []
   let making = 0
+  // The step the last machine not made failed at, until one is made.
+  let failedAt: string | undefined
   // Set to wake the filler (a machine was taken, room came back, a base may have been built).
   const wake = yield* Ref.make(yield* Deferred.make<void>())
   const poke = Effect.flatMap(Ref.get(wake), (d) => Deferred.succeed(d, undefined))
@@ -161,11 +163,15 @@ export const make = Effect.gen(function* () {
         .pipe(Effect.either)
       if (made._tag === "Left") {
         yield* Scope.close(scope, Exit.void)
-        yield* Effect.logWarning("warm machine not made").pipe(
+        // Said once per kind of failure (a host whose disk holds no more says so every 30 s else).
+        const said = failedAt === made.left.step
+        failedAt = made.left.step
+        yield* (said ? Effect.logDebug : Effect.logWarning)("warm machine not made").pipe(
           Effect.annotateLogs({ base: base.name, step: made.left.step, detail: made.left.detail }),
         )
         return false
       }
+      failedAt = undefined
       const machine = made.right
       const guest = yield* connect({ ...machine.ssh, privateKey: keys.client.private }).pipe(
         Scope.extend(scope),
