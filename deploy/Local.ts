@@ -4,12 +4,13 @@
  * the roles first, then drains the connection, then stops nats-server and releases the lock.
  *
  * On a data folder with no account yet it creates a first account, owned by `HANGAR_LOCAL_OWNER`
- * (default `owner@hangar.local`), and prints how to sign that person in to the console and get
- * their token and an admin key.
+ * (default `owner@hangar.local`) with `HANGAR_LOCAL_CREDIT_USD` (10) of credit, and prints how to
+ * sign that person in to the console and get their token and an admin key.
  */
 import { Console, Effect, Layer } from "effect"
 import * as Actors from "../actors/main.ts"
 import * as Accounts from "../core/Accounts.ts"
+import * as AccountClient from "../core/actors/AccountClient.ts"
 import { env } from "../core/Config.ts"
 import * as Connected from "../core/Connected.ts"
 import * as Gateway from "../gateway/main.ts"
@@ -21,9 +22,10 @@ import * as LocalNats from "./LocalNats.ts"
 /** Every role of the service, on the connection and storage they are given. */
 export const roles = Layer.mergeAll(Gateway.layer, Relay.layer, Actors.layer, HostAgent.layer)
 
-const howTo = (api: string, account: string, owner: string) =>
+const howTo = (api: string, account: string, owner: string, creditUsd: number) =>
   [
     `hangar: first account ${account}, owned by ${owner}`,
+    `  with $${creditUsd} of credit to start with (more: npx hangar admin credit --account ${account} --usd N)`,
     "  the web console: open the link this prints (once, within 10 minutes):",
     `    npx hangar admin console-link --email ${owner}`,
     "  a token for that person (valid 12 hours):",
@@ -37,12 +39,17 @@ const howTo = (api: string, account: string, owner: string) =>
 const firstAccount = Layer.effectDiscard(
   Effect.gen(function* () {
     const owner = yield* env.string("LOCAL_OWNER", "owner@hangar.local")
+    const creditUsd = yield* env.integer("LOCAL_CREDIT_USD", 10)
     const store = yield* Accounts.make
     if ((yield* store.views.accounts.keys()).length > 0) return
     const { account } = yield* store.createAccount("local", owner)
-    yield* Effect.logInfo("first account created").pipe(Effect.annotateLogs({ account: account.id, owner }))
-    yield* Console.log(howTo((yield* Server).url, account.id, owner))
-  }).pipe(Effect.orDie),
+    // Runs need credit: a local install can start one at once (a visible adjustment in its ledger).
+    if (creditUsd > 0) yield* AccountClient.adjust(account.id, "adjustment", creditUsd * 1_000_000_000)
+    yield* Effect.logInfo("first account created").pipe(
+      Effect.annotateLogs({ account: account.id, owner, credit_usd: creditUsd }),
+    )
+    yield* Console.log(howTo((yield* Server).url, account.id, owner, creditUsd))
+  }).pipe(Effect.provide(AccountClient.mailboxLayer), Effect.orDie),
 )
 
 /** The whole service on a local nats-server, settings from `HANGAR_*`. */

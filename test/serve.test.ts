@@ -146,7 +146,14 @@ describe("hangar serve all", () => {
       headers: { authorization: `Bearer ${token}`, "service-account": account },
     })
     expect(res.status).toBe(200)
-    expect(await res.json()).toMatchObject({ id: account, name: "local", role: "owner" })
+    // With credit to start a run at once ($10, a visible adjustment).
+    expect(await res.json()).toMatchObject({
+      id: account,
+      name: "local",
+      role: "owner",
+      balance: { balance_usd_nanos: 10_000_000_000 },
+    })
+    expect(first.stdout()).toContain("with $10 of credit to start with")
   })
 
   it("answers other routes with the spec's not_found envelope", async () => {
