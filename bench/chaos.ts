@@ -103,6 +103,12 @@ const row = (fault: string, c: Client, outcomes: ReadonlyArray<RunOutcome>, wall
       `${fault}: answers other than 2xx: ${odd.map(([s, n]) => `${n}×${s === 0 ? "no connection" : s}`).join(", ")}`,
     )
   for (const o of outcomes) for (const p of o.problems) notes.push(`${fault}: ${o.run}: ${p}`)
+  for (const a of outcomes.flatMap((o) => o.startedAgain ?? [])) notes.push(`${fault}: started again: ${a}`)
+  const late = outcomes.filter((o) => o.ledgerLagMs > 0)
+  if (late.length > 0)
+    notes.push(
+      `${fault}: the ledger held the started minutes of ${late.length} runs only up to ${Math.ceil(Math.max(...late.map((o) => o.ledgerLagMs)) / 1000)} s after their end was read`,
+    )
   const sum = (f: (o: RunOutcome) => number) => outcomes.reduce((n, o) => n + f(o), 0)
   const outputs = outcomes.filter((o) => o.outputOk !== undefined)
   console.log(
@@ -126,9 +132,10 @@ if (cluster) {
     queueTimeoutMs: 600_000,
   })
   try {
-    const acct = await createAccount(c.stack, { creditUsd: 1000, memoryMib: runs * 2048 })
-    const fn = await publish(c.stack, acct, { timeout_minutes: 30 })
     for (const fault of wanted) {
+      // An account per round: its owner's token (for the ledger) lives 10 minutes.
+      const acct = await createAccount(c.stack, { creditUsd: 1000, memoryMib: runs * 2048 })
+      const fn = await publish(c.stack, acct, { timeout_minutes: 30 })
       const seen = client(c.urls)
       const plan = { function: fn.function, appends, minuteMs, runs: c.stack.runs }
       const r = await round(seen, acct, plan, runs, clustered[fault]!(c))

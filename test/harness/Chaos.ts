@@ -102,7 +102,10 @@ export const ask = async (
   }
 }
 
-/** Reads `path` (retried like `ask`) until `done` holds of its 200 body; throws after `deadlineMs`. */
+/**
+ * Reads `path` (retried like `ask`) until `done` holds of its 200 body; throws at once on a refusal
+ * (a 4xx `ask` does not retry, such as an expired token's 401), and after `deadlineMs`.
+ */
 export const until = async (
   c: Client,
   path: string,
@@ -114,6 +117,8 @@ export const until = async (
   for (;;) {
     const answer = await ask(c, "GET", path, headers)
     if (answer.status === 200 && done(answer.body)) return answer.body
+    if (answer.status >= 400 && answer.status < 500)
+      throw new Error(`GET ${path}: ${answer.status} ${answer.text.slice(0, 200)}`)
     if (Date.now() > deadline) throw new Error(`${path} never reached its end: ${answer.text}`)
     if (!path.includes("wait=")) await sleep(200)
   }
@@ -137,6 +142,10 @@ export interface RunOutcome {
   /** Minutes the ledger billed the run, and the run's started minutes. */
   readonly billed: number
   readonly startedMinutes: number
+  /** Runs started before this one that failed `infrastructure` before they started, with why. */
+  readonly startedAgain?: ReadonlyArray<string>
+  /** How long after the run's end was read the ledger first held its started minutes (0: at once). */
+  readonly ledgerLagMs: number
   /** Each thing found wrong, in words (extra commands, lines, output, ledger). */
   readonly problems: ReadonlyArray<string>
 }
@@ -185,23 +194,39 @@ export interface RunPlan {
  * ended succeeded is one line, each that ended failed at most one ("whether it ran is not known"),
  * nothing else and nothing twice; the archive matches its sha256; the ledger's entries for the run
  * add up to its started minutes.
+ *
+ * A run that failed `infrastructure` before it started (its creation was not confirmed in time,
+ * e.g. while a partition's consumer came back) is started again, as the spec tells a caller, up to
+ * twice; each such run is checked too, and its failure kept in `startedAgain`.
  */
 export const oneRun = async (c: Client, acct: TestAccount, plan: RunPlan): Promise<RunOutcome> => {
-  const started = await ask(c, "POST", `/v1/functions/${plan.function}/runs`, acct.admin, { prompt: "go" })
-  if (started.status !== 201)
-    return {
-      state: `not started (${started.status})`,
-      extra: 0,
-      failedCommands: 0,
-      linesWrong: 0,
-      billed: 0,
-      startedMinutes: 0,
-      problems: [`not started: ${started.status} ${started.text.slice(0, 200)}`],
-    }
-  const run = started.body.id as string
-  plan.runs.add(run)
-  return settle(c, acct, run, plan, await drive(c, acct, run, plan))
+  const startedAgain: Array<string> = []
+  for (;;) {
+    const started = await ask(c, "POST", `/v1/functions/${plan.function}/runs`, acct.admin, { prompt: "go" })
+    if (started.status !== 201)
+      return {
+        state: `not started (${started.status})`,
+        extra: 0,
+        failedCommands: 0,
+        linesWrong: 0,
+        billed: 0,
+        startedMinutes: 0,
+        ledgerLagMs: 0,
+        startedAgain,
+        problems: [`not started: ${started.status} ${started.text.slice(0, 200)}`],
+      }
+    const run = started.body.id as string
+    plan.runs.add(run)
+    const outcome = await settle(c, acct, run, plan, await drive(c, acct, run, plan))
+    if (!neverStarted(outcome) || startedAgain.length >= 2 || outcome.problems.length > 0)
+      return { ...outcome, startedAgain }
+    startedAgain.push(`${run}: ${outcome.detail}`)
+  }
 }
+
+/** Whether the run failed `infrastructure` before it started (the spec's "start it again"). */
+export const neverStarted = (o: Pick<RunOutcome, "state" | "failure" | "startedMinutes">): boolean =>
+  o.state === "failed" && o.failure === "infrastructure" && o.startedMinutes === 0
 
 /** What the client did to a run: the commands it made, each append's end state, whether its finish was accepted. */
 export interface Sent {
@@ -294,18 +319,20 @@ export const settle = async (
   const ran = Date.parse(final.ended_at) - Date.parse(final.started_at ?? final.ended_at)
   const startedMinutes = final.started_at === undefined ? 0 : Math.max(1, Math.ceil(ran / plan.minuteMs))
   let billed = -1
-  for (let read = 0; billed !== startedMinutes && read < 30; read++) {
-    if (read > 0) await sleep(1_000)
+  let entries: ReadonlyArray<{ from_minute: number; through_minute: number }> = []
+  const waited = Date.now()
+  let lagged = false
+  for (let read = 0; billed !== startedMinutes && Date.now() - waited < 120_000; read++) {
+    if (read > 0) await sleep(2_000)
+    lagged = read > 0
     const usage = await until(c, "/v1/usage", acct.owner, () => true)
-    billed = (usage?.entries ?? [])
-      .filter((e: { run?: string }) => e.run === run)
-      .reduce(
-        (n: number, e: { from_minute: number; through_minute: number }) =>
-          n + e.through_minute - e.from_minute + 1,
-        0,
-      )
+    entries = (usage?.entries ?? []).filter((e: { run?: string }) => e.run === run)
+    billed = entries.reduce((n, e) => n + e.through_minute - e.from_minute + 1, 0)
   }
-  if (billed !== startedMinutes) problems.push(`billed ${billed} minutes of ${startedMinutes} started`)
+  if (billed !== startedMinutes)
+    problems.push(
+      `billed ${billed} minutes of ${startedMinutes} started (${final.started_at} to ${final.ended_at}); the ledger's entries: ${entries.map((e) => `${e.from_minute}-${e.through_minute}`).join(", ")}`,
+    )
   return {
     run,
     state: final.state,
@@ -317,6 +344,7 @@ export const settle = async (
     ...(outputOk === undefined ? {} : { outputOk }),
     billed,
     startedMinutes,
+    ledgerLagMs: billed === startedMinutes && lagged ? Date.now() - waited : 0,
     problems,
   }
 }
