@@ -67,6 +67,37 @@ layer(layerAll())("Requests (shared inbox)", (it) => {
   )
 
   it.effect(
+    "JetStream answering 'temporarily unavailable' (a frozen or electing cluster) counts as trouble; another error does not",
+    () =>
+      Effect.gen(function* () {
+        const { connection } = yield* Nats
+        const own = make(connection)
+        yield* Effect.addFinalizer(() => Effect.sync(() => own.close()))
+        // An API request of the shape JetStream answers, to a stand-in that answers as it does.
+        const api = `$JS.API.${uniqueName("STREAM.MSG.GET")}`
+        let answer = ""
+        const sub = connection.subscribe(api, {
+          callback: (_e, m) => {
+            m.respond(answer)
+          },
+        })
+        yield* Effect.promise(() => connection.flush())
+        answer =
+          '{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","error":{"code":404,"err_code":10037,"description":"no message found"}}'
+        yield* own.request("get", api, "{}", undefined, 5_000)
+        expect(own.lastTimeout()).toBe(0)
+        answer =
+          '{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","error":{"code":503,"err_code":10008,"description":"JetStream system temporarily unavailable"}}'
+        const before = Date.now()
+        const got = yield* own.request("get", api, "{}", undefined, 5_000)
+        // The answer is the caller's to read; the store now counts as not settled (`Nats.settled`).
+        expect(text(got.data)).toContain("temporarily unavailable")
+        expect(own.lastTimeout()).toBeGreaterThanOrEqual(before)
+        sub.unsubscribe()
+      }).pipe(Effect.scoped),
+  )
+
+  it.effect(
     "an inbox keeps a reply that arrives before anyone waits, forgets a released address, and times out",
     () =>
       Effect.gen(function* () {

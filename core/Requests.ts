@@ -72,12 +72,20 @@ const UNRESPONSIVE_MS = 30_000
 /** How often waiting requests are checked against their deadlines. */
 const SWEEP_MS = 100
 
+/** How JetStream's answers say it cannot serve now (its API errors start `"error":{"code":…`). */
+const UNAVAILABLE = Buffer.from('"error":{"code":503')
+/** Error answers are small: longer answers (values read) are not scanned. */
+const UNAVAILABLE_SCAN_BYTES = 1024
+
 /** Opens the shared inbox subscription on `connection`. */
 export const make = (connection: NatsConnection): Requests => {
   const prefix = `${createInbox()}.`
   const pending = new Map<string, Pending>()
   let next = 0
   let closed = false
+  const unavailableAnswer = (data: Uint8Array) =>
+    data.length < UNAVAILABLE_SCAN_BYTES &&
+    Buffer.from(data.buffer, data.byteOffset, data.byteLength).includes(UNAVAILABLE)
   // Evidence for `responsive`: the last answer of any kind, the last request that timed out.
   let lastAnswer = 0
   let lastTimeout = 0
@@ -96,7 +104,13 @@ export const make = (connection: NatsConnection): Requests => {
         // listens to, as a terminal route nobody joined, is an answer, not trouble).
         if (waiting.store === true) lastTimeout = Date.now()
         waiting.resume(Effect.fail(new NatsError({ operation: waiting.operation, message: "no responders" })))
-      } else waiting.resume(Effect.succeed(msg))
+      } else {
+        // JetStream's own "not now" (a frozen or electing cluster answers API requests and
+        // publishes `{"error":{"code":503,…}}`, "JetStream system temporarily unavailable"): an
+        // answer, but trouble of the store all the same.
+        if (waiting.store === true && unavailableAnswer(msg.data)) lastTimeout = Date.now()
+        waiting.resume(Effect.succeed(msg))
+      }
     },
   })
 

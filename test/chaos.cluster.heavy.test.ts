@@ -42,21 +42,13 @@ const problems = (stack: Stack) =>
     .slice(-30)
     .join("\n")
 
-/**
- * A 500 known and reported, not yet fixed: while a node is frozen JetStream answers the gateway's
- * idempotency store "JetStream system temporarily unavailable" (an answer, so the connection still
- * counts as settled), and `gateway/Idempotency.ts` turns that into `internal` 500 rather than the
- * 503 store trouble gets. Allowed in the SIGSTOP case only, and printed; remove once fixed.
- */
-const knownFiveHundred = /^POST \S+ \{"error":"internal error; retry","code":"internal"\}$/
-
-/** Everything wrong with a round, in words (empty: nothing); `allow`: 500s known (above). */
-const wrong = (c: Client, outcomes: ReadonlyArray<RunOutcome>, allow?: RegExp) => [
+/** Everything wrong with a round, in words (empty: nothing). */
+const wrong = (c: Client, outcomes: ReadonlyArray<RunOutcome>) => [
   ...outcomes.flatMap((o) => [
     ...(o.state === "succeeded" ? [] : [`${o.run}: ${o.state} ${o.failure ?? ""} ${o.detail ?? ""}`]),
     ...o.problems.map((p) => `${o.run}: ${p}`),
   ]),
-  ...[...c.seen.where].filter((w) => allow === undefined || !allow.test(w)).map((w) => `500 for ${w}`),
+  ...[...c.seen.where].map((w) => `500 for ${w}`),
 ]
 
 describe("faults on a 3-node cluster with every role its own process", () => {
@@ -137,13 +129,11 @@ describe("faults on a 3-node cluster with every role its own process", () => {
         `${name}: ${outcomes.length} runs (${again.length} started again), ${failed} commands failed, ${cl.seen.retried} requests retried (${[...cl.seen.statuses].map(([s, n]) => `${n}×${s}`).join(" ")}), ledger complete ${(lag / 1000).toFixed(0)} s after a run's end was read at the latest, ${(wallMs / 1000).toFixed(1)} s`,
       )
       expect(injected).toBe(true)
-      const allow = name.includes("SIGSTOP") ? knownFiveHundred : undefined
-      if (cl.seen.fiveHundreds > 0) console.log(`${name}: 500s seen: ${[...cl.seen.where].join("; ")}`)
-      expect(wrong(cl, outcomes, allow), problems(c.stack)).toEqual([])
+      expect(wrong(cl, outcomes), problems(c.stack)).toEqual([])
       expect(outcomes.map((o) => o.state)).toEqual(Array(runs).fill("succeeded"))
       expect(outcomes.every((o) => o.outputOk === true && o.linesWrong === 0 && o.extra === 0)).toBe(true)
       expect(outcomes.every((o) => o.billed === o.startedMinutes)).toBe(true)
-      if (allow === undefined) expect(cl.seen.fiveHundreds).toBe(0)
+      expect(cl.seen.fiveHundreds).toBe(0)
     }, 600_000)
 
   it("a host agent SIGKILLed and not restarted: its runs fail infrastructure billed their started minutes, the runs queued behind go to the other hosts", async () => {
