@@ -37,6 +37,15 @@ const warmEvents = (stack: Stack, message: string): Array<string> =>
     l.line.includes(`"msg":"${message}"`) ? [/"machine":"(warm_[0-9a-f]+)"/.exec(l.line)?.[1] ?? "?"] : [],
   )
 
+/** The warm machines ready and not yet taken or yielded, oldest first. */
+const waiting = (stack: Stack): Array<string> => {
+  const gone = new Set([
+    ...warmEvents(stack, "warm machine taken"),
+    ...warmEvents(stack, "warm machine yields its room"),
+  ])
+  return warmEvents(stack, "warm machine ready").filter((id) => !gone.has(id))
+}
+
 const until = async (what: string, done: () => boolean, ms = 120_000) => {
   const deadline = Date.now() + ms
   while (!done()) {
@@ -102,14 +111,7 @@ describe("warm machines", () => {
   }, 240_000)
 
   it("a run of another size starts on its own machine while the warm one waits", async () => {
-    await until("a warm machine ready", () => {
-      const ready = warmEvents(stack, "warm machine ready")
-      const gone = new Set([
-        ...warmEvents(stack, "warm machine taken"),
-        ...warmEvents(stack, "warm machine yields its room"),
-      ])
-      return ready.some((id) => !gone.has(id))
-    })
+    await until("a warm machine ready", () => waiting(stack).length > 0)
     const takenBefore = warmEvents(stack, "warm machine taken").length
     const fn = await publish(stack, acct, { size: "s", timeout_minutes: 30 })
     const run = (await startRun(stack, acct, fn.function)).id
@@ -121,14 +123,7 @@ describe("warm machines", () => {
   }, 240_000)
 
   it("a warm machine yields its room to a run that needs all of it, and comes back once the run is done", async () => {
-    await until("a warm machine ready", () => {
-      const ready = warmEvents(stack, "warm machine ready")
-      const gone = new Set([
-        ...warmEvents(stack, "warm machine taken"),
-        ...warmEvents(stack, "warm machine yields its room"),
-      ])
-      return ready.some((id) => !gone.has(id))
-    })
+    await until("a warm machine ready", () => waiting(stack).length > 0)
     const yieldedBefore = warmEvents(stack, "warm machine yields its room").length
     const readyBefore = warmEvents(stack, "warm machine ready").length
     // Size l takes the host's 4 vCPUs: the run is placed at once, and the warm machine goes.
@@ -143,14 +138,7 @@ describe("warm machines", () => {
   }, 240_000)
 
   it("a host agent killed outright: the next life removes the warm machine that waited and takes over the run on a kept one", async () => {
-    await until("a warm machine ready", () => {
-      const ready = warmEvents(stack, "warm machine ready")
-      const gone = new Set([
-        ...warmEvents(stack, "warm machine taken"),
-        ...warmEvents(stack, "warm machine yields its room"),
-      ])
-      return ready.some((id) => !gone.has(id))
-    })
+    await until("a warm machine ready", () => waiting(stack).length > 0)
     const fn = await publish(stack, acct, { size: "m", timeout_minutes: 30 })
     const taken = warmEvents(stack, "warm machine taken").length
     const run = (await startRun(stack, acct, fn.function)).id
@@ -159,25 +147,18 @@ describe("warm machines", () => {
       problems(stack),
     ).toMatchObject({ state: "succeeded" })
     expect(warmEvents(stack, "warm machine taken")).toHaveLength(taken + 1)
-    const waitingId = () => {
-      const gone = new Set([
-        ...warmEvents(stack, "warm machine taken"),
-        ...warmEvents(stack, "warm machine yields its room"),
-      ])
-      return warmEvents(stack, "warm machine ready").filter((id) => !gone.has(id))
-    }
-    await until("a warm machine waiting beside the run", () => waitingId().length >= 1)
-    const waiting = waitingId()[0]!
+    await until("a warm machine waiting beside the run", () => waiting(stack).length >= 1)
+    const idle = waiting(stack)[0]!
     await stack.killHost()
     // Killed outright: both machines outlive their agent.
-    expect(await leftovers(waiting)).not.toEqual([])
+    expect(await leftovers(idle)).not.toEqual([])
     await stack.startHost()
     // A command sent before the adoption has gone through the unended ones ends failed (whether the
     // earlier life took it is not known): the first one here is waited out.
     const first = await command(stack, acct, run, "bash", { command: "true" })
     expect(["succeeded", "failed"]).toContain(first.state)
     // The warm machine that waited is gone; the run's goes on.
-    expect(await leftovers(waiting)).toEqual([])
+    expect(await leftovers(idle)).toEqual([])
     const after = await command(stack, acct, run, "bash", { command: "cat /workspace/mark" })
     expect(after, problems(stack)).toMatchObject({ state: "succeeded", result: { output: "before\n" } })
     expect(await finish(run)).toMatchObject({ state: "succeeded" })
@@ -188,13 +169,7 @@ describe("warm machines", () => {
 
   it("a kept warm machine that died with its host agent: the next life fails its run at once and leaves nothing", async () => {
     const fn = await publish(stack, acct, { size: "m", timeout_minutes: 30 })
-    await until("a warm machine ready", () => {
-      const gone = new Set([
-        ...warmEvents(stack, "warm machine taken"),
-        ...warmEvents(stack, "warm machine yields its room"),
-      ])
-      return warmEvents(stack, "warm machine ready").some((id) => !gone.has(id))
-    })
+    await until("a warm machine ready", () => waiting(stack).length > 0)
     const taken = warmEvents(stack, "warm machine taken").length
     const run = (await startRun(stack, acct, fn.function)).id
     expect(await command(stack, acct, run, "bash", { command: "true" })).toMatchObject({ state: "succeeded" })
