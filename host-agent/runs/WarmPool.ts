@@ -97,6 +97,7 @@ export const make = Effect.gen(function* () {
   const capacity = yield* Capacity
   const host = yield* Host
   const bases = yield* BasesSettings.Tag
+  const poolScope = yield* Effect.scope
   const size = sizes[settings.size]
   const ready: Array<Entry> = []
   let making = 0
@@ -117,6 +118,9 @@ export const make = Effect.gen(function* () {
         ),
       )
   const destroy = (e: Entry) => Effect.zipRight(Scope.close(e.scope, Exit.void), removeMachine(e.machine.id))
+  // In the background, but within the pool's life: a host agent stopping waits for it to finish.
+  const destroyLater = (going: ReadonlyArray<Entry>) =>
+    Effect.forkIn(Effect.uninterruptible(Effect.forEach(going, destroy, { discard: true })), poolScope)
 
   // How many warm machines the room left would hold if they ran.
   const roomFor = Effect.map(capacity.free, (free) =>
@@ -143,7 +147,7 @@ export const make = Effect.gen(function* () {
       yield* Effect.logInfo("warm machine yields its room").pipe(
         Effect.annotateLogs({ machine: e.machine.id }),
       )
-    if (going.length > 0) yield* Effect.forkDaemon(Effect.forEach(going, destroy, { discard: true }))
+    if (going.length > 0) yield* destroyLater(going)
   })
 
   const makeOne = (base: Bases.Base) =>
@@ -251,7 +255,7 @@ export const make = Effect.gen(function* () {
           ready.splice(i--, 1)
           // A machine that died while it waited is not handed out.
           if (yield* Effect.promise(() => alive(Number(e.machine.handle.pid)))) found = e
-          else yield* Effect.forkDaemon(destroy(e))
+          else yield* destroyLater([e])
         }
       }
       yield* fit
