@@ -3,6 +3,8 @@
  * settings and never their values; no server answering fails a command at once and keeps a role
  * waiting (said in its log) until one answers.
  */
+
+import { TimeoutError } from "@nats-io/transport-node"
 import { Context, Effect, Exit, Fiber, Layer, Logger, Redacted } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { hangar } from "../test/harness/Cli.ts"
@@ -87,6 +89,27 @@ describe("connecting to NATS", () => {
   it("a server list shown in messages leaves out any user and password in its URLs", () => {
     expect(Nats.shownServers("nats://ops:s3cret@10.0.0.1:4222,nats://10.0.0.2:4222")).toBe(
       "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
+    )
+  })
+
+  it("a request that timed out or found no responder makes the store unsettled; another failure does not", async () => {
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const context = yield* Layer.build(
+            Nats.layer.pipe(
+              Layer.provide(Nats.NatsSettings.layer({ servers: server.url, token: Redacted.make(token) })),
+            ),
+          )
+          const nats = Context.get(context, Nats.Nats)
+          expect(nats.settled()).toBe(true)
+          yield* Effect.flip(Nats.attempt("refused", () => Promise.reject(new Error("bad request"))))
+          expect(nats.settled()).toBe(true)
+          // Thrown by the client for a request the server did not answer in time.
+          yield* Effect.flip(Nats.attempt("read", () => Promise.reject(new TimeoutError())))
+          expect(nats.settled()).toBe(false)
+        }),
+      ),
     )
   })
 })

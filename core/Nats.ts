@@ -11,12 +11,14 @@
  * service exposes; everything else talks to those wrappers.
  */
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream"
-import { jetstream, jetstreamManager } from "@nats-io/jetstream"
+import { JetStreamApiError, jetstream, jetstreamManager } from "@nats-io/jetstream"
 import type { NatsConnection } from "@nats-io/transport-node"
 import {
   AuthorizationError,
   connect,
   credsAuthenticator,
+  NoRespondersError,
+  TimeoutError,
   tokenAuthenticator,
   UserAuthenticationExpiredError,
 } from "@nats-io/transport-node"
@@ -67,8 +69,25 @@ export class NatsError extends Data.TaggedError("NatsError")<{
   readonly cause?: unknown
 }> {}
 
-const natsError = (operation: string) => (cause: unknown) =>
-  new NatsError({ operation, message: cause instanceof Error ? cause.message : String(cause), cause })
+/**
+ * When an operation of this process last timed out, found no responder or was told "not now" by
+ * JetStream (a 503): evidence that the store is in trouble, for `settled`. One clock per process
+ * (a process has one connection; tests with several share it, which only widens their window).
+ */
+let lastStoreTrouble = 0
+const isStoreTrouble = (cause: unknown): boolean =>
+  cause instanceof TimeoutError ||
+  cause instanceof NoRespondersError ||
+  (cause instanceof JetStreamApiError && cause.status === 503) ||
+  (cause instanceof Error &&
+    cause.cause !== undefined &&
+    cause.cause !== cause &&
+    isStoreTrouble(cause.cause))
+
+const natsError = (operation: string) => (cause: unknown) => {
+  if (isStoreTrouble(cause)) lastStoreTrouble = Date.now()
+  return new NatsError({ operation, message: cause instanceof Error ? cause.message : String(cause), cause })
+}
 
 /** Runs one client promise, mapping a rejection to `NatsError`. For the `core/` wrappers. */
 export const attempt = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError> =>
@@ -222,7 +241,9 @@ export const make = Effect.gen(function* () {
     (r) => Effect.sync(() => r.close()),
   )
   const settled = () =>
-    up && requests.responsive() && Date.now() - Math.max(lastTrouble, requests.lastTimeout()) > SETTLE_MS
+    up &&
+    requests.responsive() &&
+    Date.now() - Math.max(lastTrouble, requests.lastTimeout(), lastStoreTrouble) > SETTLE_MS
   return { connection, js, jsm, requests, reachable: () => up, settled } satisfies NatsClients
 })
 
