@@ -75,14 +75,12 @@ export class NatsError extends Data.TaggedError("NatsError")<{
  * (a process has one connection; tests with several share it, which only widens their window).
  */
 let lastStoreTrouble = 0
-const isStoreTrouble = (cause: unknown): boolean =>
+const isStoreTrouble = (cause: unknown, depth = 0): boolean =>
   cause instanceof TimeoutError ||
   cause instanceof NoRespondersError ||
   (cause instanceof JetStreamApiError && cause.status === 503) ||
-  (cause instanceof Error &&
-    cause.cause !== undefined &&
-    cause.cause !== cause &&
-    isStoreTrouble(cause.cause))
+  // The client wraps some errors (a request's cause): a few levels, so a cycle cannot loop.
+  (depth < 3 && cause instanceof Error && cause.cause !== undefined && isStoreTrouble(cause.cause, depth + 1))
 
 const natsError = (operation: string) => (cause: unknown) => {
   if (isStoreTrouble(cause)) lastStoreTrouble = Date.now()
