@@ -28,19 +28,12 @@ import {
   settle,
   until,
 } from "./harness/Chaos.ts"
-import { createAccount, type Json, publish, type Stack, type TestAccount } from "./harness/Stack.ts"
+import { createAccount, type Json, problems, publish, type TestAccount } from "./harness/Stack.ts"
 
 const minuteMs = 5_000
 /** Runs per round: the three hosts' room (two size `s` runs each). */
 const runs = 6
 const appends = 6
-
-const problems = (stack: Stack) =>
-  stack.lines
-    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
-    .map((l) => `${l.role} ${l.line}`)
-    .slice(-30)
-    .join("\n")
 
 /** Everything wrong with a round, in words (empty: nothing). */
 const wrong = (c: Client, outcomes: ReadonlyArray<RunOutcome>) => [

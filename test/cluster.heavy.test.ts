@@ -29,19 +29,13 @@ import {
   closeStack,
   createAccount,
   type Json,
+  problems,
   publish,
   type Stack,
   startStack,
   type TestAccount,
   waitRun,
 } from "./harness/Stack.ts"
-
-const problems = (stack: Stack) =>
-  stack.lines
-    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
-    .map((l) => `${l.role} ${l.line}`)
-    .slice(-40)
-    .join("\n")
 
 const pause = (ms: number) => new Promise((r) => setTimeout(r, ms))
 

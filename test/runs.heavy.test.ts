@@ -31,6 +31,7 @@ import {
   createAccount,
   type Json,
   machineIdOf,
+  problems,
   publish,
   request,
   runLog,
@@ -44,13 +45,6 @@ import {
   waitRun,
 } from "./harness/Stack.ts"
 import { selfSigned } from "./harness/Tls.ts"
-
-const problems = (stack: Stack) =>
-  stack.lines
-    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
-    .map((l) => `${l.role} ${l.line}`)
-    .slice(-40)
-    .join("\n")
 
 interface Delivery {
   readonly id: string

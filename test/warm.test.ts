@@ -15,6 +15,7 @@ import {
   command,
   createAccount,
   type Json,
+  problems,
   publish,
   runLog,
   type Stack,
@@ -23,13 +24,6 @@ import {
   type TestAccount,
   waitRun,
 } from "./harness/Stack.ts"
-
-const problems = (stack: Stack) =>
-  stack.lines
-    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
-    .map((l) => `${l.role} ${l.line}`)
-    .slice(-30)
-    .join("\n")
 
 /** The warm machines the host agent said are ready, taken and yielded, in order, by id. */
 const warmEvents = (stack: Stack, message: string): Array<string> =>

@@ -286,6 +286,14 @@ const outsideNats = (url: string) => {
   }
 }
 
+/** The stack's last warnings and errors, one per line with its role: a failing assertion's message. */
+export const problems = (stack: Stack, count = 40): string =>
+  stack.lines
+    .filter((l) => /"level":"(warn|warning|error|fatal)"/i.test(l.line))
+    .map((l) => `${l.role} ${l.line}`)
+    .slice(-count)
+    .join("\n")
+
 /** Closes `stack` (if it started) and expects that its machines left nothing behind: an `afterAll`. */
 export const closeStack = async (stack: Stack | undefined): Promise<void> => {
   if (stack === undefined) return
