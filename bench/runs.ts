@@ -14,7 +14,7 @@
  * Goals on this machine: start → first result p50 < 1.5 s (issue 25: ≤ 100 ms warm); command round
  * trip p50 < 15 ms and under 3× the bare exec. Prints figures; asserts nothing.
  *
- *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8]
+ *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8] [topologies=one,roles,warm]
  */
 import { fork } from "node:child_process"
 import { readFile } from "node:fs/promises"
@@ -30,6 +30,8 @@ const runs = Number(process.argv[2] ?? 50)
 const commands = Number(process.argv[3] ?? 200)
 /** Blocks of commands, with a block of bare execs measured after each. */
 const blocks = Math.max(1, Math.min(commands, Number(process.argv[4] ?? 8)))
+/** Which topologies to measure: `one` (npm start), `roles` (a process per role), `warm`. */
+const only = new Set((process.argv[5] ?? "one,roles,warm").split(","))
 
 const pct = (xs: Array<number>, p: number) => {
   const s = [...xs].sort((a, b) => a - b)
@@ -199,11 +201,11 @@ const measure = async (processes: boolean, bare: Bare, warm = 0) => {
 const main = async () => {
   const bare = await bareMachine()
   try {
-    const topologies = [
-      ["one process (npm start)", await measure(false, bare)],
-      ["a process per role", await measure(true, bare)],
-      ["one process (npm start), 2 warm machines", await measure(false, bare, 2)],
-    ] as const
+    const topologies: Array<readonly [string, Figures]> = []
+    if (only.has("one")) topologies.push(["one process (npm start)", await measure(false, bare)])
+    if (only.has("roles")) topologies.push(["a process per role", await measure(true, bare)])
+    if (only.has("warm"))
+      topologies.push(["one process (npm start), 2 warm machines", await measure(false, bare, 2)])
     const paced = await bare.paced(Math.min(commands, 50))
     for (const [name, { first, rtt, bare: baseline, cpuMs }] of topologies) {
       console.log(`${name}:`)

@@ -104,6 +104,37 @@ describe("warm machines", () => {
     expect(await finish(second)).toMatchObject({ state: "succeeded" })
   }, 240_000)
 
+  it("a run that comes while the pool's next machine is being made starts on that one, not on a machine of its own", async () => {
+    await until("a warm machine ready", () => waiting(stack).length > 0)
+    const fn = await publish(stack, acct, { size: "m", timeout_minutes: 30 })
+    const takenBefore = warmEvents(stack, "warm machine taken").length
+    const readyBefore = warmEvents(stack, "warm machine ready").length
+    const first = (await startRun(stack, acct, fn.function)).id
+    await until("the first run's take", () => warmEvents(stack, "warm machine taken").length > takenBefore)
+    // The pool (of one) began its next machine as the first run took the ready one; the second run
+    // is placed well before that machine is booted (a create takes 150 ms or more here).
+    const linesAtSecond = stack.lines.length
+    const second = (await startRun(stack, acct, fn.function)).id
+    const ran = await command(stack, acct, second, "bash", { command: "true" })
+    expect(ran, problems(stack)).toMatchObject({ state: "succeeded" })
+    const made = warmEvents(stack, "warm machine ready")[readyBefore]
+    expect(warmEvents(stack, "warm machine taken").slice(takenBefore)).toEqual([
+      warmEvents(stack, "warm machine ready")[readyBefore - 1],
+      made,
+    ])
+    // It waited for that machine, unless the machine was ready before the second run was started.
+    const takeLine = stack.lines.find((l) =>
+      l.line.includes(`"msg":"warm machine taken","machine":"${made}"`),
+    )
+    const readyEarly = stack.lines
+      .slice(0, linesAtSecond)
+      .some((l) => l.line.includes(`"msg":"warm machine ready","machine":"${made}"`))
+    expect(readyEarly || /"waited_ms":\d+/.test(takeLine?.line ?? "")).toBe(true)
+    expect(await finish(first)).toMatchObject({ state: "succeeded" })
+    expect(await finish(second)).toMatchObject({ state: "succeeded" })
+    expect(await machineLine(second)).toMatchObject({ kind: "machine", size: "m", warm: true })
+  }, 240_000)
+
   it("a run of another size starts on its own machine while the warm one waits", async () => {
     await until("a warm machine ready", () => waiting(stack).length > 0)
     const takenBefore = warmEvents(stack, "warm machine taken").length

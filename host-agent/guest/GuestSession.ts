@@ -129,8 +129,8 @@ const exitOf = (ch: ClientChannel): Promise<ChannelExit> =>
 //
 // The command's process moves into its cgroup *before* it reads its arguments: moving a process
 // between cgroup v1 groups waits for an RCU grace period, 10–20 ms on a quiet host, so the session
-// opens the next wrapper ahead of time (`Spare`) and a command only has to write its arguments to
-// one that is already waiting. A wrapper that gets no arguments (the session closed) runs nothing.
+// opens the next wrapper ahead of time (`Spare`; the first as the session opens) and a command only
+// has to write its arguments to one that is already waiting. A wrapper that gets no arguments (the session closed) runs nothing.
 //
 // Only shell builtins run between sshd and the command's bash (each extra program costs ~1.5 ms of
 // an exec): `set -m` gives the command its own process group, and command cgroups are reused from
@@ -279,12 +279,14 @@ class Wrappers {
     // The next wrapper is opened once this one has its arguments (its command writes them as soon
     // as this resolves): on the wire they go first, and the guest's sshd starts this command
     // before it forks the next wrapper.
-    setImmediate(() => {
-      if (this.spare !== undefined) return
-      this.spare = openWrapper(this.client, this.slots)
-      this.spare.catch(() => undefined)
-    })
+    setImmediate(() => this.prime())
     return spare
+  }
+  /** Opens the next wrapper ahead, unless one is open or opening. */
+  prime(): void {
+    if (this.spare !== undefined) return
+    this.spare = openWrapper(this.client, this.slots)
+    this.spare.catch(() => undefined)
   }
   /**
    * Gives a taken wrapper's slot back once `kill` (a kill loop on the slot, if one ran) is over:
@@ -483,6 +485,8 @@ export const connect = (
       return opening
     }
     yield* Effect.tryPromise({ try: () => Promise.race([fileChannel(), gone]), catch: unavailable })
+    // The first command's wrapper, opened now: a session is opened to run commands.
+    wrappers.prime()
     // A call sent on a channel that was already closing (the machine closed it for an earlier
     // request) is tried once more on a new one when doing it twice is harmless: read, list, and
     // write (it replaces the whole file). An edit is not tried again.

@@ -8,8 +8,13 @@
  *   one; a run of another size starts on a new machine as before (limits are set when a machine is
  *   made; changing a running machine's disk and pinning is left for later).
  * - Never reused: a machine taken is the run's alone and is destroyed with it; the pool makes a new
- *   one in the background. Machines are made one at a time, so refilling never takes more than
- *   one machine's start of the host's CPU from the runs.
+ *   one in the background. At most two are made at once (`makingAtOnce`): runs that come faster
+ *   than one machine is made still find the pool refilled, and refilling never takes more than two
+ *   machine starts of the host's CPU from the runs.
+ * - A run that finds none ready while one of its base and size is being made, and not yet promised
+ *   to another run, waits for that one: it was begun earlier, so it is ready before a machine made
+ *   for the run would be (and a second machine made beside it would slow both). If it is not made,
+ *   the run's own machine is made as before.
  * - The budget is for running work: warm machines hold none of it, so the scheduler never keeps a
  *   run waiting for them. They are kept only while the room they would take if they ran is free
  *   (vCPUs and memory of the host's budget), and they yield — the oldest is destroyed — as soon as
@@ -81,6 +86,8 @@ export interface WarmPoolService {
   readonly yieldAll: Effect.Effect<number>
   /** The machines ready now, oldest first (operators, tests and benches). */
   readonly ready: Effect.Effect<ReadonlyArray<{ readonly id: string; readonly base: string }>>
+  /** The machines being made now, by base, and whether a run waits for each. */
+  readonly making: Effect.Effect<ReadonlyArray<{ readonly base: string; readonly claimed: boolean }>>
 }
 
 /** The Tag of the host's warm pool. */
@@ -89,6 +96,16 @@ export class WarmPool extends Context.Tag("host-agent/WarmPool")<WarmPool, WarmP
 interface Entry extends Warm {
   readonly scope: Scope.CloseableScope
 }
+
+/** A machine being made: of which base, whether a run waits for it, and its end (made or not). */
+interface Making {
+  readonly base: string
+  claimed: boolean
+  readonly done: Deferred.Deferred<void>
+}
+
+/** How many machines the pool makes at once. */
+export const makingAtOnce = 2
 
 /** The pool for the life of the scope (its machines are destroyed when it closes). */
 export const make = Effect.gen(function* () {
@@ -100,9 +117,14 @@ export const make = Effect.gen(function* () {
   const poolScope = yield* Effect.scope
   const size = sizes[settings.size]
   const ready: Array<Entry> = []
-  let making = 0
+  const making: Array<Making> = []
+  // Being made and not promised to a run: the pool's own (a promised one holds its run's room).
+  const unclaimed = (base?: string) =>
+    making.filter((m) => !m.claimed && (base === undefined || m.base === base)).length
   // The step the last machine not made failed at, until one is made.
   let failedAt: string | undefined
+  // After a machine was not made, the next is tried from then (not at every event).
+  let retryAt = 0
   // Set to wake the filler (a machine was taken, room came back, a base may have been built).
   const wake = yield* Ref.make(yield* Deferred.make<void>())
   const poke = Effect.flatMap(Ref.get(wake), (d) => Deferred.succeed(d, undefined))
@@ -140,7 +162,7 @@ export const make = Effect.gen(function* () {
    */
   const fit = Effect.gen(function* () {
     const room = yield* roomFor
-    const over = ready.length + making - room
+    const over = ready.length + unclaimed() - room
     if (over <= 0) return
     const going = ready.splice(0, Math.min(over, ready.length))
     for (const e of going)
@@ -204,34 +226,44 @@ export const make = Effect.gen(function* () {
   // The offered bases that want another machine, the one with the fewest first.
   const wanted = Effect.gen(function* () {
     const offered = yield* Bases.served(bases.recipes)
-    const have = (name: string) => ready.filter((e) => e.base === name).length
+    const have = (name: string) => ready.filter((e) => e.base === name).length + unclaimed(name)
     return (yield* Bases.list(bases.dir))
       .filter((b) => offered(b) && have(b.name) < settings.machines)
       .sort((a, b) => have(a.name) - have(b.name))
   })
 
-  // One machine at a time while a base wants one and the room holds it; else sleep until poked
-  // (or 5 s: a base may have finished building).
+  // Up to `makingAtOnce` machines at once while a base wants one and the room holds it; else sleep
+  // until poked (a machine made, taken or yielded; room back) or 5 s (a base may have been built).
   const filler = Effect.gen(function* () {
     for (;;) {
       const next = yield* Deferred.make<void>()
       yield* Ref.set(wake, next)
-      const base = (yield* wanted)[0]
-      if (base !== undefined && ready.length + 1 <= (yield* roomFor)) {
-        making++
-        // Not cut midway: a machine being made when the pool closes is finished, then destroyed.
-        const ok = yield* Effect.uninterruptible(
-          Effect.ensuring(
-            makeOne(base),
-            Effect.sync(() => making--),
+      const base = Date.now() < retryAt || making.length >= makingAtOnce ? undefined : (yield* wanted)[0]
+      if (base !== undefined && ready.length + unclaimed() + 1 <= (yield* roomFor)) {
+        const m: Making = { base: base.name, claimed: false, done: yield* Deferred.make<void>() }
+        making.push(m)
+        // Not cut midway: a machine being made when the pool closes is finished, then destroyed
+        // (the fiber is the pool scope's, stopped before its machines are destroyed).
+        yield* makeOne(base).pipe(
+          Effect.tap((ok) =>
+            Effect.sync(() => {
+              // Not made (the host's disk, say): tried again in 30 s, not at every event.
+              if (!ok) retryAt = Date.now() + 30_000
+            }),
           ),
+          Effect.ensuring(
+            Effect.suspend(() => {
+              making.splice(making.indexOf(m), 1)
+              return Effect.zipRight(Deferred.succeed(m.done, undefined), poke)
+            }),
+          ),
+          Effect.uninterruptible,
+          Effect.forkIn(poolScope),
         )
-        if (ok) continue
-        // Not made (the host's disk, say): tried again in a while, not at every event.
-        yield* Effect.sleep("30 seconds")
         continue
       }
-      yield* Deferred.await(next).pipe(Effect.timeout("5 seconds"), Effect.ignore)
+      const wait = Math.min(5_000, Math.max(0, retryAt - Date.now()) || 5_000)
+      yield* Deferred.await(next).pipe(Effect.timeout(wait), Effect.ignore)
     }
   })
 
@@ -245,24 +277,52 @@ export const make = Effect.gen(function* () {
     yield* Effect.forkScoped(Stream.runForEach(capacity.changes, () => poke))
   }
 
+  // The first ready machine of `base` that is alive, out of the pool (a dead one is destroyed).
+  const takeReady = (base: string) =>
+    Effect.gen(function* () {
+      for (let i = 0; i < ready.length; i++) {
+        const e = ready[i]!
+        if (e.base !== base) continue
+        ready.splice(i--, 1)
+        // A machine that died while it waited is not handed out.
+        if (yield* Effect.promise(() => alive(Number(e.machine.handle.pid)))) return e
+        yield* destroyLater([e])
+      }
+      return undefined
+    })
+
   const take: WarmPoolService["take"] = (base, want) =>
     Effect.gen(function* () {
-      let found: Entry | undefined
-      if (want === settings.size) {
-        for (let i = 0; i < ready.length && found === undefined; i++) {
-          const e = ready[i]!
-          if (e.base !== base) continue
-          ready.splice(i--, 1)
-          // A machine that died while it waited is not handed out.
-          if (yield* Effect.promise(() => alive(Number(e.machine.handle.pid)))) found = e
-          else yield* destroyLater([e])
-        }
+      if (want !== settings.size) {
+        yield* fit
+        yield* poke
+        return Option.none()
       }
+      const t0 = Date.now()
+      let found = yield* takeReady(base)
+      // None ready: the machine being made for the pool, promised to this run and waited for.
+      const promised = found === undefined ? making.find((m) => !m.claimed && m.base === base) : undefined
+      if (promised !== undefined) promised.claimed = true
       yield* fit
       yield* poke
+      if (promised !== undefined) {
+        yield* Deferred.await(promised.done).pipe(
+          Effect.onInterrupt(() =>
+            Effect.sync(() => {
+              promised.claimed = false
+            }),
+          ),
+        )
+        found = yield* takeReady(base)
+      }
       if (found === undefined) return Option.none()
       const { scope: _scope, ...warm } = found
-      yield* Effect.logInfo("warm machine taken").pipe(Effect.annotateLogs({ machine: found.machine.id }))
+      yield* Effect.logInfo("warm machine taken").pipe(
+        Effect.annotateLogs({
+          machine: found.machine.id,
+          ...(promised === undefined ? {} : { waited_ms: Date.now() - t0 }),
+        }),
+      )
       return Option.some(warm)
     })
 
@@ -280,6 +340,7 @@ export const make = Effect.gen(function* () {
     take,
     yieldAll,
     ready: Effect.sync(() => ready.map((e) => ({ id: e.machine.id, base: e.base }))),
+    making: Effect.sync(() => making.map((m) => ({ base: m.base, claimed: m.claimed }))),
   } satisfies WarmPoolService
 })
 
