@@ -121,6 +121,44 @@ layer(layerAll())("Kv", (it) => {
   )
 
   it.effect(
+    "a single node's bucket is read with direct gets; a replicated one from its stream's leader",
+    () =>
+      Effect.gen(function* () {
+        const { connection, jsm } = yield* Nats
+        const single = uniqueName("single")
+        const leader = uniqueName("leader")
+        yield* attempt("add", () =>
+          jsm.streams.add(kvStreamConfig({ name: single, history: 1, maxAgeMs: 0 })),
+        )
+        yield* attempt("add", () =>
+          jsm.streams.add({
+            ...kvStreamConfig({ name: leader, history: 1, maxAgeMs: 0 }, 3),
+            num_replicas: 1,
+          }),
+        )
+        // The API requests as they go by (a client may listen to them like any subject).
+        const seen: Array<string> = []
+        const sub = connection.subscribe("$JS.API.>", {
+          callback: (_e, m) => {
+            if (m.subject.includes(".GET.")) seen.push(m.subject)
+          },
+        })
+        yield* attempt("flush", () => connection.flush())
+        for (const bucket of [single, leader]) {
+          const kv = yield* Kv.make(bucket, Counter)
+          yield* kv.put("a", { n: 1, by: "a" })
+          expect(Option.getOrThrow(yield* kv.get("a")).value).toEqual({ n: 1, by: "a" })
+        }
+        yield* attempt("flush", () => connection.flush())
+        sub.unsubscribe()
+        expect(seen).toEqual([
+          `$JS.API.DIRECT.GET.KV_${single}.$KV.${single}.a`,
+          `$JS.API.STREAM.MSG.GET.KV_${leader}`,
+        ])
+      }),
+  )
+
+  it.effect(
     "a replicated bucket (no direct gets) is read from its stream's leader: get, deletions, keys, CAS",
     () =>
       Effect.gen(function* () {

@@ -7,9 +7,9 @@
  * instead of throwing, so one bad record cannot crash a reader.
  */
 
-import { type JetStreamClient, PubHeaders } from "@nats-io/jetstream"
+import { type JetStreamClient, type JetStreamManager, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
-import { Bucket, Kvm } from "@nats-io/kv"
+import { Kvm } from "@nats-io/kv"
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node"
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
@@ -187,11 +187,19 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
   },
 })
 
-// Opening a bucket asks the server for its stream's configuration; typed views are made freely
-// (per request, per actor read), so each connection opens each bucket once and shares the handle,
-// which holds nothing but names. A failed open is forgotten, so the next one tries again.
-const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<KV>>>()
-const opened = (js: JetStreamClient, bucket: string): Promise<KV> => {
+/** An opened bucket: the client's handle, and whether its stream allows direct gets. */
+interface Opened {
+  readonly kv: KV
+  readonly direct: boolean
+}
+
+// Opening a bucket asks the server for its stream's configuration (the client's `open` only binds
+// to the name and reads nothing, so it cannot tell whether direct gets are allowed); typed views
+// are made freely (per request, per actor read), so each connection opens each bucket once and
+// shares the handle, which holds nothing but names. A failed open is forgotten, so the next one
+// tries again.
+const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<Opened>>>()
+const opened = (js: JetStreamClient, jsm: JetStreamManager, bucket: string): Promise<Opened> => {
   let buckets = openedBuckets.get(js)
   if (buckets === undefined) {
     buckets = new Map()
@@ -199,7 +207,9 @@ const opened = (js: JetStreamClient, bucket: string): Promise<KV> => {
   }
   const known = buckets.get(bucket)
   if (known !== undefined) return known
-  const opening = new Kvm(js).open(bucket)
+  const opening = Promise.all([new Kvm(js).open(bucket), jsm.streams.info(`KV_${bucket}`)]).then(
+    ([kv, info]) => ({ kv, direct: info.config.allow_direct === true }),
+  )
   buckets.set(bucket, opening)
   opening.catch(() => buckets.delete(bucket))
   return opening
@@ -237,10 +247,9 @@ export const make = <A, I>(
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
   Effect.gen(function* () {
     const { js, jsm, connection, requests } = yield* Nats
-    const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
-    // Whether the bucket's stream allows direct gets, as the client read it from the stream's
-    // configuration when it opened the bucket (`core/Storage.ts`: single node only).
-    const direct = kv instanceof Bucket ? kv.direct : true
+    // Whether the bucket's stream allows direct gets, as its configuration says (`core/Storage.ts`:
+    // single node only).
+    const { kv, direct } = yield* attempt(`kv.open ${bucket}`, () => opened(js, jsm, bucket))
     const { encodeJson, decodeJson } = codecsOf(schema)
     const textDecoder = new TextDecoder()
     const streamName = `KV_${bucket}`
