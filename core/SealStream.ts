@@ -318,11 +318,17 @@ export interface PieceSealer {
 /** The piece sealer of an object, given the account's data key. */
 export const pieceSealer = (dataKey: KeyObject, account: string, objectId: string): PieceSealer => {
   const context = lengthPrefixed("hangar/pieces/v1", account, objectId)
-  const bytes = Buffer.from(
-    hkdfSync("sha256", dataKey, Buffer.alloc(0), createHash("sha256").update(context).digest(), KEY_BYTES),
-  )
-  const key = createSecretKey(bytes)
-  bytes.fill(0)
+  // Derived at the first piece: most commands print nothing, and a sink is made for each one.
+  let derived: KeyObject | undefined
+  const keyOf = (): KeyObject => {
+    if (derived !== undefined) return derived
+    const bytes = Buffer.from(
+      hkdfSync("sha256", dataKey, Buffer.alloc(0), createHash("sha256").update(context).digest(), KEY_BYTES),
+    )
+    derived = createSecretKey(bytes)
+    bytes.fill(0)
+    return derived
+  }
   const aadOf = (position: number) => {
     const aad = Buffer.alloc(context.byteLength + 8)
     aad.set(context)
@@ -331,8 +337,8 @@ export const pieceSealer = (dataKey: KeyObject, account: string, objectId: strin
   }
   const what = `piece of ${objectId}`
   return {
-    seal: (position, plaintext) => sealValue(key, aadOf(position), plaintext),
-    open: (position, sealed) => openValue(key, aadOf(position), sealed, what),
+    seal: (position, plaintext) => sealValue(keyOf(), aadOf(position), plaintext),
+    open: (position, sealed) => openValue(keyOf(), aadOf(position), sealed, what),
   }
 }
 
