@@ -213,17 +213,19 @@ const connectOnce = (endpoint: GuestEndpoint) =>
     const parsed = ssh2.utils.parseKey(endpoint.hostKey)
     if (parsed instanceof Error) return fail(parsed)
     const pinned = parsed.getPublicSSH()
+    // The one method the guest's sshd takes, tried first (not after a `none` attempt to list them).
+    const auth: ssh2.PublicKeyAuthMethod = { type: "publickey", username: "root", key: endpoint.privateKey }
     const client = new ssh2.Client()
-    client.once("ready", () => {
-      client.setNoDelay(true)
-      ok(client)
-    })
+    // Nagle off from the socket's start: the handshake's small messages would each wait ~40 ms for
+    // a delayed ACK (the service request after the key exchange did).
+    client.once("connect", () => client.setNoDelay(true))
+    client.once("ready", () => ok(client))
     client.once("error", fail)
     client.connect({
       host: endpoint.host,
       port: endpoint.port,
       username: "root",
-      privateKey: endpoint.privateKey,
+      authHandler: [auth],
       hostVerifier: (key: Buffer) => pinned.equals(key),
       readyTimeout: 10_000,
       keepaliveInterval: 15_000,
@@ -484,8 +486,11 @@ export const connect = (
       )
       return opening
     }
-    yield* Effect.tryPromise({ try: () => Promise.race([fileChannel(), gone]), catch: unavailable })
-    // The first command's wrapper, opened now: a session is opened to run commands.
+    // Both opened now, not awaited: the first file call and the first command find them open or
+    // opening (a file channel that failed to open is opened again by the next call). Awaiting the
+    // file channel cost a connect ~45 ms: the guest's sshd does not turn Nagle off for a session
+    // without a terminal, so its answers wait on this side's delayed ACK.
+    fileChannel().catch(() => undefined)
     wrappers.prime()
     // A call sent on a channel that was already closing (the machine closed it for an earlier
     // request) is tried once more on a new one when doing it twice is harmless: read, list, and

@@ -94,7 +94,7 @@ export const NamespaceDriverSettings = defineSettings(
 )
 type Settings = typeof NamespaceDriverSettings.defaults
 
-const idmapMount = fileURLToPath(new URL("./idmap-mount.py", import.meta.url))
+const idmapMount = fileURLToPath(new URL("./idmap-mount.pl", import.meta.url))
 
 /** The host id of root in the machine on network slot `slot`. */
 export const hostIdOf = (s: Settings, slot: number) => s.idBase + slot * Oci.ID_COUNT
@@ -112,7 +112,7 @@ set -e
 cd "$HG_DIR"
 umount -l /sys/fs/cgroup/unified 2>/dev/null || true
 mount -o nosuid,nodev "$HG_LOOP" disk
-python3 "$HG_IDMAP" "$HG_BASE" lower "$HG_HOST_ID" ${Oci.ID_COUNT}
+perl "$HG_IDMAP" "$HG_BASE" lower "$HG_HOST_ID" ${Oci.ID_COUNT}
 mount -t overlay overlay -o lowerdir=lower,upperdir=disk/upper,workdir=disk/work root
 umount -l lower
 umount -l disk
