@@ -14,8 +14,7 @@
  * are mounted in a private mount namespace made just before crun, so the host never sees them and
  * they vanish with the machine's processes.
  */
-import { spawn } from "node:child_process"
-import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs"
+import { readFileSync, writeFileSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
 import { availableParallelism } from "node:os"
@@ -43,7 +42,7 @@ import {
 } from "../MachineDriver.ts"
 import * as Disks from "../qemu/Disks.ts"
 import * as Cgroups from "./Cgroups.ts"
-import { run } from "./exec.ts"
+import { launch, run } from "./exec.ts"
 import * as Lxcfs from "./Lxcfs.ts"
 import * as Net from "./Net.ts"
 import * as Oci from "./Oci.ts"
@@ -365,9 +364,8 @@ const createNow = async (
         }),
       ),
     )
-    const log = openSync(join(dir, "machine.log"), "a")
-    const launched = spawn("/bin/sh", ["-c", launcher], {
-      stdio: ["ignore", log, log],
+    const code = await launch("/bin/sh", ["-c", launcher], {
+      log: join(dir, "machine.log"),
       env: {
         PATH: "/usr/sbin:/usr/bin:/sbin:/bin",
         HG_ID: spec.id,
@@ -379,11 +377,6 @@ const createNow = async (
         HG_CRUN: s.crun,
         HG_CRUN_ROOT: crunRoot(s),
       },
-    })
-    closeSync(log)
-    const code = await new Promise<number | null>((ok) => {
-      launched.on("error", () => ok(null))
-      launched.on("exit", (c) => ok(c))
     })
     if (code !== 0)
       throw new Error(

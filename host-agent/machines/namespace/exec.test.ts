@@ -1,0 +1,72 @@
+/**
+ * Host tools through the helper process (`exec.ts`): output, input, failures with the tool's own
+ * message, a helper that died (its calls fail, the next call starts another), and `launch`, whose
+ * end is the tool's exit even when what it started holds its log open.
+ */
+import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { launch, run } from "./exec.ts"
+
+let dir: string
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), "hangar-exec-"))
+})
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true })
+})
+
+/** The helper's pid: the parent of a tool it runs. */
+const helperPid = async () => Number((await run("sh", ["-c", "echo $PPID"])).trim())
+
+describe("exec", () => {
+  it("answers a tool's output, gives it its input, and runs many at once", async () => {
+    expect(await run("sh", ["-c", "echo out; echo err >&2"])).toBe("out\n")
+    expect(await run("tr", ["a-z", "A-Z"], { input: "piped in\n" })).toBe("PIPED IN\n")
+    const many = await Promise.all(Array.from({ length: 20 }, (_, i) => run("echo", [String(i)])))
+    expect(many).toEqual(Array.from({ length: 20 }, (_, i) => `${i}\n`))
+  })
+
+  it("fails with the command, its exit code and its stderr; a missing tool fails naming it", async () => {
+    await expect(run("sh", ["-c", "echo partial; echo 'no such table' >&2; exit 3"])).rejects.toThrow(
+      "sh -c echo partial; echo 'no such table' >&2; exit 3 exited 3: no such table",
+    )
+    await expect(run("/nonexistent/tool", ["x"])).rejects.toThrow(
+      "/nonexistent/tool: spawn /nonexistent/tool ENOENT",
+    )
+  })
+
+  it("tools are forked from the helper, not from this process", async () => {
+    const pid = await helperPid()
+    expect(pid).not.toBe(process.pid)
+    expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.mjs")
+  })
+
+  it("a helper that dies fails the calls it had, and the next call starts another", async () => {
+    const pid = await helperPid()
+    const pending = run("sleep", ["5"])
+    process.kill(pid, "SIGKILL")
+    await expect(pending).rejects.toThrow("the tool runner exited (SIGKILL)")
+    expect(await run("echo", ["again"])).toBe("again\n")
+    expect(await helperPid()).not.toBe(pid)
+  })
+
+  it("launch appends the output to its log and ends at the tool's exit, while its child holds the log", async () => {
+    const log = join(dir, "launch.log")
+    const code = await launch(
+      "/bin/sh",
+      ["-c", 'echo "started $GREETING"; sleep 30 & echo "left $!"; exit 4'],
+      {
+        log,
+        env: { PATH: "/usr/bin:/bin", GREETING: "hello" },
+      },
+    )
+    expect(code).toBe(4)
+    const text = await readFile(log, "utf8")
+    expect(text).toMatch(/^started hello\nleft \d+\n$/)
+    // The sleep it left holds the log open; it is this test's to end.
+    process.kill(Number(/left (\d+)/.exec(text)?.[1]), "SIGKILL")
+    expect(await launch("/nonexistent", [], { log, env: {} })).toBeNull()
+  })
+})
