@@ -82,9 +82,9 @@ export const up = async (
   options: { readonly pid?: number; readonly bytesPerSecond?: number } = {},
 ): Promise<void> => {
   const { pid, bytesPerSecond } = options
-  await run("ip", pid === undefined ? ["netns", "add", n.netns] : ["netns", "attach", n.netns, String(pid)])
   await run("ip", ["-batch", "-"], {
     input: [
+      pid === undefined ? `netns add ${n.netns}` : `netns attach ${n.netns} ${pid}`,
       `link add ${n.hostIf} type veth peer name eth0 netns ${n.netns}`,
       `addr add ${n.hostAddress}/30 dev ${n.hostIf}`,
       `link set ${n.hostIf} up`,
@@ -110,7 +110,8 @@ export const up = async (
 
 /** Removes the veth pair and the netns of machine `id`; missing parts are fine. */
 export const down = async (id: string): Promise<void> => {
-  // Deleting one end of a veth pair deletes both.
-  await run("ip", ["link", "del", hostIfOf(id)]).catch(() => undefined)
-  await run("ip", ["netns", "del", netnsOf(id)]).catch(() => undefined)
+  // Deleting one end of a veth pair deletes both. One `ip` for both, going on past a missing one.
+  await run("ip", ["-force", "-batch", "-"], {
+    input: `link del ${hostIfOf(id)}\nnetns del ${netnsOf(id)}\n`,
+  }).catch(() => undefined)
 }
