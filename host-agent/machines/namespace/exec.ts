@@ -61,8 +61,8 @@ const call = (request: {
     pending.set(id, { ok, fail })
     child.channel?.ref()
     child.send({ id, ...request }, (e) => {
-      if (e === null || e === undefined) return
-      pending.delete(id)
+      if (e === null || e === undefined || !pending.delete(id)) return
+      if (pending.size === 0) child.channel?.unref()
       fail(new Error(`the tool runner: ${e.message}`))
     })
   })
