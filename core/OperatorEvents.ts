@@ -13,7 +13,8 @@ import { Storage } from "./Storage.ts"
 import { publish as publishStream } from "./Stream.ts"
 import * as StreamRead from "./StreamRead.ts"
 
-const encode = Schema.encode(Schema.parseJson(OperatorEvent))
+// Synchronous codecs (an event is published on the path of every command's end).
+const encode = Schema.encodeEither(Schema.parseJson(OperatorEvent))
 const decode = Schema.decodeEither(Schema.parseJson(OperatorEvent))
 
 /**
@@ -21,12 +22,15 @@ const decode = Schema.decodeEither(Schema.parseJson(OperatorEvent))
  * write's event is deduplicated). Fails with `NatsError` when the store does not take it.
  */
 export const publish = (event: OperatorEvent): Effect.Effect<void, NatsError | ParseError, Nats | Storage> =>
-  Effect.gen(function* () {
-    const { names } = yield* Storage
-    yield* publishStream(names.subjects.events(event.account, event.run), yield* encode(event), {
-      msgId: eventMsgId(event),
-    })
-  })
+  Effect.flatMap(Storage, ({ names }) =>
+    Either.match(encode(event), {
+      onLeft: (e): Effect.Effect<void, NatsError | ParseError, Nats> => Effect.fail(e),
+      onRight: (text) =>
+        Effect.asVoid(
+          publishStream(names.subjects.events(event.account, event.run), text, { msgId: eventMsgId(event) }),
+        ),
+    }),
+  )
 
 /** The `command.ended` event of `record` (of `account`'s run), or none while it has not ended. */
 export const commandEnded = (
@@ -49,6 +53,10 @@ export const commandEnded = (
       }
     : undefined
 
+const defaultRetryFor = "2 minutes"
+const retryEvery = Schedule.spaced("500 millis")
+const defaultRetry = retryEvery.pipe(Schedule.upTo(defaultRetryFor))
+
 /**
  * `publish` for writers whose record write already happened and must not fail for an event:
  * tried again every half second while NATS does not take it (a node gone, a stream electing its
@@ -56,14 +64,14 @@ export const commandEnded = (
  */
 export const publishAfterWrite = (
   event: OperatorEvent | undefined,
-  retryFor: Duration.DurationInput = "2 minutes",
+  retryFor: Duration.DurationInput = defaultRetryFor,
 ) =>
   event === undefined
     ? Effect.void
     : publish(event).pipe(
         Effect.retry({
           while: (e) => e._tag === "NatsError",
-          schedule: Schedule.spaced("500 millis").pipe(Schedule.upTo(retryFor)),
+          schedule: retryFor === defaultRetryFor ? defaultRetry : retryEvery.pipe(Schedule.upTo(retryFor)),
         }),
         Effect.catchAllCause((cause) =>
           Effect.logWarning("operator event not published").pipe(

@@ -18,10 +18,10 @@
 
 import uWS from "uWebSockets.js"
 import type { Fiber, Scope } from "effect"
-import { Cause, Context, Effect, FiberId, FiberSet, Layer, Option } from "effect"
+import { Cause, Context, Effect, FiberId, FiberSet, Layer, Option, Schema } from "effect"
 import { defineSettings, env } from "../core/Config.ts"
 import { Nats } from "../core/Nats.ts"
-import { decodeBody, decodeJsonBody } from "../schema/Decode.ts"
+import { decodeBody, decodeJsonBody, jsonDepthMax, nestsDeeperThan } from "../schema/Decode.ts"
 import { ApiError } from "../schema/Errors.ts"
 import * as AccessLog from "./AccessLog.ts"
 import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
@@ -73,6 +73,20 @@ const text = new TextDecoder()
 interface Compiled {
   readonly query: ((raw: unknown) => Effect.Effect<unknown, ApiError>) | undefined
   readonly body: ((text: string) => Effect.Effect<unknown, ApiError>) | undefined
+}
+
+// The body of a route whose schema comes after auth (`authRoute`, `Schema.Unknown` here): JSON
+// parsed synchronously; a body it refuses takes `decodeJsonBody`'s path for the same error.
+const decodeAnyJson = decodeJsonBody(Schema.Unknown)
+const parseJsonBody = (text: string): Effect.Effect<unknown, ApiError> => {
+  if (!nestsDeeperThan(text, jsonDepthMax)) {
+    try {
+      return Effect.succeed(JSON.parse(text) as unknown)
+    } catch {
+      // Not JSON: refused below.
+    }
+  }
+  return decodeAnyJson(text)
 }
 
 // Query failures say "query" so a caller does not look for the field in the body.
@@ -128,7 +142,7 @@ export const make = <R>(
     for (const r of routes) {
       compiled.set(r, {
         query: r.query ? queryDecoder(r.query) : undefined,
-        body: r.body ? decodeJsonBody(r.body) : undefined,
+        body: r.body ? (r.body === Schema.Unknown ? parseJsonBody : decodeJsonBody(r.body)) : undefined,
       })
     }
 

@@ -9,7 +9,7 @@
 import { Context, Effect, Schema } from "effect"
 import type { Nats } from "../../core/Nats.ts"
 import type { Storage } from "../../core/Storage.ts"
-import { decodeBody } from "../../schema/Decode.ts"
+import { decodeBodyEither } from "../../schema/Decode.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import * as Idempotency from "../Idempotency.ts"
 import type { Request } from "../Request.ts"
@@ -57,7 +57,8 @@ export const authRoute = <
   ) => Reply | undefined
 }): AuthRoute<R> => {
   const whileSuspended = spec.whileSuspended ?? spec.method === "GET"
-  const decode = spec.body ? decodeBody(spec.body) : undefined
+  // Synchronous: an `Either` takes no fiber steps (a body is decoded on every command's create).
+  const decode = spec.body ? decodeBodyEither(spec.body) : undefined
   const base = route({
     method: spec.method,
     path: spec.path,

@@ -6,9 +6,9 @@
  * loop), raced against the caller's `wait`. The server interrupts a request's fiber when its client
  * goes away, which interrupts the wait and closes its watch or consumer.
  */
-import { Duration, Effect, type Option, type Schema } from "effect"
+import { Duration, Effect, Either, type Option, type Schema } from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
-import { decodeBody } from "../../schema/Decode.ts"
+import { decodeBodyEither } from "../../schema/Decode.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { waitMaxSeconds } from "../../schema/Limits.ts"
 import type { RawQuery } from "../Router.ts"
@@ -40,13 +40,13 @@ const digits = /^[0-9]+$/
 export const decodeQuery = <A, I>(
   schema: Schema.Schema<A, I> & { readonly fields: Schema.Struct.Fields },
   raw: RawQuery,
-): Effect.Effect<A, ApiError> => {
+): Either.Either<A, ApiError> => {
   const picked: Record<string, string> = {}
   for (const name of Object.keys(schema.fields)) {
     const value = raw[name]
     if (value === undefined) continue
     if (!digits.test(value))
-      return Effect.fail(
+      return Either.left(
         ApiError.invalidRequest(
           name === "wait"
             ? `wait: must be an integer from 0 to ${waitMaxSeconds}`
@@ -55,7 +55,8 @@ export const decodeQuery = <A, I>(
       )
     picked[name] = value
   }
-  return decodeBody<A, I>(schema)(picked)
+  // Synchronous (no fiber steps): every long poll decodes its query.
+  return decodeBodyEither<A, I>(schema)(picked)
 }
 
 /** Runs `event` for at most `limit` (none at once for zero): some value when it came in time. */
