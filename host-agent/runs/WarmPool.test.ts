@@ -6,10 +6,10 @@
  * machines half made.
  */
 import { randomBytes } from "node:crypto"
-import { Context, Effect, Exit, Fiber, Layer, Option, Scope } from "effect"
+import { ConfigProvider, Context, Effect, Either, Exit, Fiber, Layer, Option, Scope } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { BasesSettings, ensureTestBase } from "../bases/Bases.ts"
-import { MachineDriver } from "../machines/MachineDriver.ts"
+import { MachineDriver, type SizeName } from "../machines/MachineDriver.ts"
 import { make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, testDriverSettings } from "../machines/namespace/testing.ts"
 import * as Capacity from "../registry/Capacity.ts"
@@ -31,11 +31,15 @@ interface Pool {
 
 let open: Pool | undefined
 
-/** A pool of `machines` size-s machines of the test base on a host of `vcpus`. */
-const startPool = async (machines: number, vcpus = 8): Promise<Pool> => {
+/** A pool of `machines` machines of the test base per size of `sizes` on a host of `vcpus`. */
+const startPool = async (
+  machines: number,
+  vcpus = 8,
+  sizes: ReadonlyArray<SizeName> = ["s"],
+): Promise<Pool> => {
   const scope = Effect.runSync(Scope.make())
   const capacity = await run(Capacity.make({ vcpus, memory_mib: 64 * 1024 }))
-  const layer = WarmPool.layerWith({ machines, size: "s" }).pipe(
+  const layer = WarmPool.layerWith({ machines, sizes }).pipe(
     Layer.provide(
       Layer.mergeAll(
         Layer.succeed(MachineDriver, driver),
@@ -116,7 +120,7 @@ describe("warm pool", () => {
     expect(await run(pool.ready)).toEqual([])
     // Another size: none, at once, and the machine being made stays the pool's.
     expect(Option.isNone(await run(pool.take(base, "m")))).toBe(true)
-    expect(await run(pool.making)).toEqual([{ base, claimed: false }])
+    expect(await run(pool.making)).toEqual([{ base, size: "s", claimed: false }])
     // Another base: none either.
     expect(Option.isNone(await run(pool.take("debian-none-20260101-000000000000", "s")))).toBe(true)
 
@@ -136,7 +140,7 @@ describe("warm pool", () => {
     const waiting = Effect.runFork(pool.take(base, "s"))
     await until("the machine promised", async () => (await run(pool.making)).some((m) => m.claimed))
     await run(Fiber.interrupt(waiting))
-    expect(await run(pool.making)).toEqual([{ base, claimed: false }])
+    expect(await run(pool.making)).toEqual([{ base, size: "s", claimed: false }])
     // Made, it waits in the pool for the next run; no second machine is made beside it.
     await until("the machine ready", async () => (await run(pool.ready)).length === 1)
     expect(await run(pool.making)).toEqual([])
@@ -156,6 +160,65 @@ describe("warm pool", () => {
     await run(capacity.release("run_x"))
     await until("two ready again", async () => (await run(pool.ready)).length === 2)
   }, 120_000)
+
+  it("keeps each size of HANGAR_WARM_SIZE apart: a run takes a machine of its own size, made at that size", async () => {
+    const { pool } = await startPool(1, 8, ["s", "m"])
+    await until("one of each size ready", async () => (await run(pool.ready)).length === 2)
+    expect((await run(pool.ready)).map((m) => m.size).sort()).toEqual(["m", "s"])
+    const m = Option.getOrThrow(await run(pool.take(base, "m")))
+    expect(m.machine.limits.vcpus).toBe(2)
+    expect((await run(m.guest.bash({ command: "nproc" }))).output).toBe("2\n")
+    const small = Option.getOrThrow(await run(pool.take(base, "s")))
+    expect(small.machine.limits.vcpus).toBe(1)
+    expect((await run(small.guest.bash({ command: "nproc" }))).output).toBe("1\n")
+    // A size not kept: none, and nothing waited for.
+    expect(Option.isNone(await run(pool.take(base, "l")))).toBe(true)
+    for (const w of [m, small]) {
+      await run(w.close)
+      await run(driver.destroy(w.machine.id))
+    }
+  }, 120_000)
+
+  it("with sizes mixed, a placement makes the oldest yield until the rest fit the room left", async () => {
+    // Three vCPUs: room for one s (1) and one m (2).
+    const { pool, capacity } = await startPool(1, 3, ["s", "m"])
+    await until("one of each size ready", async () => (await run(pool.ready)).length === 2)
+    const oldest = (await run(pool.ready))[0]!
+    // A run of size s here leaves 2 vCPUs: the two no longer fit, and the oldest goes.
+    expect((await run(capacity.reserve("run_y", "s")))._tag).toBe("Right")
+    expect(Option.isNone(await run(pool.take(base, "xl")))).toBe(true)
+    const left = await run(pool.ready)
+    expect(left).toHaveLength(1)
+    expect(left[0]!.id).not.toBe(oldest.id)
+    // The one missing does not fit beside it, so none is made.
+    expect(await run(pool.making)).toEqual([])
+    await run(capacity.release("run_y"))
+    await until("both sizes again", async () => (await run(pool.ready)).length === 2)
+  }, 120_000)
+
+  it("HANGAR_WARM_SIZE takes a list of the spec's sizes and refuses anything else, naming the variable", async () => {
+    expect(WarmPool.parseSizes("s,m")).toEqual(Either.right(["s", "m"]))
+    expect(WarmPool.parseSizes(" m , m,")).toEqual(Either.right(["m"]))
+    expect(WarmPool.parseSizes("m,xxl")).toEqual(
+      Either.left('HANGAR_WARM_SIZE: "xxl" is not a size (s, m, l, xl)'),
+    )
+    expect(WarmPool.parseSizes(" , ")).toEqual(Either.left("HANGAR_WARM_SIZE: no size given (s, m, l, xl)"))
+    const fromEnv = (vars: Record<string, string>) =>
+      Effect.runPromiseExit(
+        Effect.provide(WarmPool.WarmSettings.Tag, WarmPool.WarmSettings.layerFromEnv).pipe(
+          Effect.withConfigProvider(ConfigProvider.fromMap(new Map(Object.entries(vars)))),
+        ),
+      )
+    const read = await fromEnv({ HANGAR_WARM_SIZE: "l,s", HANGAR_WARM_MACHINES: "3" })
+    expect(read._tag === "Success" && read.value).toEqual({ machines: 3, sizes: ["l", "s"] })
+    const defaults = await fromEnv({})
+    expect(defaults._tag === "Success" && defaults.value).toEqual({ machines: 2, sizes: ["m"] })
+    const wrong = await fromEnv({ HANGAR_WARM_SIZE: "medium" })
+    expect(wrong._tag).toBe("Failure")
+    expect(String(wrong._tag === "Failure" && wrong.cause)).toContain(
+      'HANGAR_WARM_SIZE: "medium" is not a size',
+    )
+  })
 
   it("closing while machines are being made finishes them, then removes everything", async () => {
     const { close, pool } = await startPool(2)

@@ -3,10 +3,11 @@
  * asks — made, sshd answering, the host agent's session to it open — so a run that matches one
  * starts on it at once instead of waiting for a machine to be made (`RunMachine`, issue 25).
  *
- * - What is kept: `HANGAR_WARM_MACHINES` (default 2, 0 turns it off) per offered base, made at
- *   `HANGAR_WARM_SIZE` (default `m`, the spec's default size). A run of that base and size takes
- *   one; a run of another size starts on a new machine as before (limits are set when a machine is
- *   made; changing a running machine's disk and pinning is left for later).
+ * - What is kept: `HANGAR_WARM_MACHINES` (default 2, 0 turns it off) per offered base and per size
+ *   of `HANGAR_WARM_SIZE` (a comma-separated list; default `m`, the spec's default size). A run of
+ *   a base and size kept takes one; a run of another size starts on a new machine as before. A
+ *   machine is made at its size: its disk image and `/dev/shm` cannot be resized while it runs,
+ *   so one machine cannot serve every size, and each size kept is a pool of its own.
  * - Never reused: a machine taken is the run's alone and is destroyed with it; the pool makes a new
  *   one in the background. At most two are made at once (`makingAtOnce`): runs that come faster
  *   than one machine is made still find the pool refilled, and refilling never takes more than two
@@ -28,7 +29,20 @@
  *   pool's machines are destroyed.
  */
 import { randomBytes } from "node:crypto"
-import { Config, Context, Deferred, Effect, Exit, Layer, Option, Ref, Scope, Stream } from "effect"
+import {
+  Config,
+  ConfigError,
+  Context,
+  Deferred,
+  Effect,
+  Either,
+  Exit,
+  Layer,
+  Option,
+  Ref,
+  Scope,
+  Stream,
+} from "effect"
 import { defineSettings, env } from "../../core/Config.ts"
 import * as Bases from "../bases/Bases.ts"
 import { BasesSettings } from "../bases/Bases.ts"
@@ -44,13 +58,34 @@ import {
 import { Capacity } from "../registry/Capacity.ts"
 import { Host } from "../registry/HostSettings.ts"
 
-/** `HANGAR_WARM_MACHINES` (per offered base; 0 = none) and `HANGAR_WARM_SIZE` (the size they are made at). */
+/**
+ * The sizes of `HANGAR_WARM_SIZE`: a comma-separated list of the spec's sizes (`s,m`), each once;
+ * or why not.
+ */
+export const parseSizes = (value: string): Either.Either<ReadonlyArray<SizeName>, string> => {
+  const names = value
+    .split(",")
+    .map((v) => v.trim())
+    .filter((v) => v !== "")
+  const wrong = names.find((n) => !(n in sizes))
+  if (wrong !== undefined)
+    return Either.left(`HANGAR_WARM_SIZE: ${JSON.stringify(wrong)} is not a size (s, m, l, xl)`)
+  if (names.length === 0) return Either.left("HANGAR_WARM_SIZE: no size given (s, m, l, xl)")
+  return Either.right([...new Set(names)] as Array<SizeName>)
+}
+
+/** `HANGAR_WARM_MACHINES` (per offered base and size; 0 = none) and `HANGAR_WARM_SIZE` (the sizes kept). */
 export const WarmSettings = defineSettings(
   "host-agent/WarmSettings",
-  { machines: 2, size: "m" as SizeName },
+  { machines: 2, sizes: ["m"] as ReadonlyArray<SizeName> },
   (d) => ({
     machines: env.integer("WARM_MACHINES", d.machines),
-    size: Config.literal("s", "m", "l", "xl")("HANGAR_WARM_SIZE").pipe(Config.withDefault(d.size)),
+    sizes: Config.string("HANGAR_WARM_SIZE").pipe(
+      Config.mapOrFail((v) =>
+        Either.mapLeft(parseSizes(v), (why) => ConfigError.InvalidData(["HANGAR_WARM_SIZE"], why)),
+      ),
+      Config.withDefault(d.sizes),
+    ),
   }),
 )
 
@@ -85,21 +120,27 @@ export interface WarmPoolService {
    */
   readonly yieldAll: Effect.Effect<number>
   /** The machines ready now, oldest first (operators, tests and benches). */
-  readonly ready: Effect.Effect<ReadonlyArray<{ readonly id: string; readonly base: string }>>
-  /** The machines being made now, by base, and whether a run waits for each. */
-  readonly making: Effect.Effect<ReadonlyArray<{ readonly base: string; readonly claimed: boolean }>>
+  readonly ready: Effect.Effect<
+    ReadonlyArray<{ readonly id: string; readonly base: string; readonly size: SizeName }>
+  >
+  /** The machines being made now, by base and size, and whether a run waits for each. */
+  readonly making: Effect.Effect<
+    ReadonlyArray<{ readonly base: string; readonly size: SizeName; readonly claimed: boolean }>
+  >
 }
 
 /** The Tag of the host's warm pool. */
 export class WarmPool extends Context.Tag("host-agent/WarmPool")<WarmPool, WarmPoolService>() {}
 
 interface Entry extends Warm {
+  readonly size: SizeName
   readonly scope: Scope.CloseableScope
 }
 
-/** A machine being made: of which base, whether a run waits for it, and its end (made or not). */
+/** A machine being made: of which base and size, whether a run waits for it, and its end (made or not). */
 interface Making {
   readonly base: string
+  readonly size: SizeName
   claimed: boolean
   readonly done: Deferred.Deferred<void>
 }
@@ -115,12 +156,10 @@ export const make = Effect.gen(function* () {
   const host = yield* Host
   const bases = yield* BasesSettings.Tag
   const poolScope = yield* Effect.scope
-  const size = sizes[settings.size]
   const ready: Array<Entry> = []
   const making: Array<Making> = []
   // Being made and not promised to a run: the pool's own (a promised one holds its run's room).
-  const unclaimed = (base?: string) =>
-    making.filter((m) => !m.claimed && (base === undefined || m.base === base)).length
+  const unclaimed = () => making.filter((m) => !m.claimed)
   // The step the last machine not made failed at, until one is made.
   let failedAt: string | undefined
   // After a machine was not made, the next is tried from then (not at every event).
@@ -144,16 +183,16 @@ export const make = Effect.gen(function* () {
   const destroyLater = (going: ReadonlyArray<Entry>) =>
     Effect.forkIn(Effect.uninterruptible(Effect.forEach(going, destroy, { discard: true })), poolScope)
 
-  // How many warm machines the room left would hold if they ran.
-  const roomFor = Effect.map(capacity.free, (free) =>
-    Math.max(
-      0,
-      Math.min(
-        Math.floor(free.vcpus / size.vcpus),
-        Math.floor(free.memory_mib / (size.memoryBytes / 2 ** 20)),
-      ),
-    ),
-  )
+  // Whether the pool's machines (ready, and being made for it), with one more of size `extra`,
+  // would fit the room left if they ran.
+  const fits = (extra?: SizeName) =>
+    Effect.map(capacity.free, (free) => {
+      const held = [...ready, ...unclaimed()].map((m) => sizes[m.size])
+      if (extra !== undefined) held.push(sizes[extra])
+      const vcpus = held.reduce((n, z) => n + z.vcpus, 0)
+      const memoryMib = held.reduce((n, z) => n + z.memoryBytes / 2 ** 20, 0)
+      return vcpus <= free.vcpus && memoryMib <= free.memory_mib
+    })
 
   /**
    * Destroys the oldest ready machines until the rest fit the room left (in the background). Only
@@ -161,10 +200,8 @@ export const make = Effect.gen(function* () {
    * would destroy the machine a run just placed here is about to take.
    */
   const fit = Effect.gen(function* () {
-    const room = yield* roomFor
-    const over = ready.length + unclaimed() - room
-    if (over <= 0) return
-    const going = ready.splice(0, Math.min(over, ready.length))
+    const going: Array<Entry> = []
+    while (ready.length > 0 && !(yield* fits())) going.push(ready.shift()!)
     for (const e of going)
       yield* Effect.logInfo("warm machine yields its room").pipe(
         Effect.annotateLogs({ machine: e.machine.id }),
@@ -172,7 +209,7 @@ export const make = Effect.gen(function* () {
     if (going.length > 0) yield* destroyLater(going)
   })
 
-  const makeOne = (base: Bases.Base) =>
+  const makeOne = (base: Bases.Base, size: SizeName) =>
     Effect.gen(function* () {
       const id = `${warmPrefix}${randomBytes(10).toString("hex")}`
       const keys = { client: newKeyPair(), host: newKeyPair() }
@@ -180,7 +217,7 @@ export const make = Effect.gen(function* () {
       const made = yield* driver
         .create({
           id,
-          size: settings.size,
+          size,
           base: base.rootfs,
           authorizedKey: keys.client.public,
           hostKey: keys.host.private,
@@ -193,7 +230,7 @@ export const make = Effect.gen(function* () {
         const said = failedAt === made.left.step
         failedAt = made.left.step
         yield* (said ? Effect.logDebug : Effect.logWarning)("warm machine not made").pipe(
-          Effect.annotateLogs({ base: base.name, step: made.left.step, detail: made.left.detail }),
+          Effect.annotateLogs({ base: base.name, size, step: made.left.step, detail: made.left.detail }),
         )
         return false
       }
@@ -214,37 +251,55 @@ export const make = Effect.gen(function* () {
       ready.push({
         machine,
         base: base.name,
+        size,
         clientKey: keys.client.private,
         guest: guest.right,
         scope,
         close: Scope.close(scope, Exit.void),
       })
-      yield* Effect.logInfo("warm machine ready").pipe(Effect.annotateLogs({ machine: id, base: base.name }))
+      yield* Effect.logInfo("warm machine ready").pipe(
+        Effect.annotateLogs({ machine: id, base: base.name, size }),
+      )
       return true
     })
 
-  // The offered bases that want another machine, the one with the fewest first.
+  // The offered bases and kept sizes that want another machine, the ones with the fewest first.
   const wanted = Effect.gen(function* () {
     const offered = yield* Bases.served(bases.recipes)
-    const have = (name: string) => ready.filter((e) => e.base === name).length + unclaimed(name)
+    const have = (base: string, size: SizeName) =>
+      [...ready, ...unclaimed()].filter((m) => m.base === base && m.size === size).length
     return (yield* Bases.list(bases.dir))
-      .filter((b) => offered(b) && have(b.name) < settings.machines)
-      .sort((a, b) => have(a.name) - have(b.name))
+      .filter(offered)
+      .flatMap((base) => settings.sizes.map((size) => ({ base, size, have: have(base.name, size) })))
+      .filter((w) => w.have < settings.machines)
+      .sort((a, b) => a.have - b.have)
   })
 
-  // Up to `makingAtOnce` machines at once while a base wants one and the room holds it; else sleep
-  // until poked (a machine made, taken or yielded; room back) or 5 s (a base may have been built).
+  // Up to `makingAtOnce` machines at once while a base and size want one and the room holds it (the
+  // one with the fewest that fits); else sleep until poked (a machine made, taken or yielded; room
+  // back) or 5 s (a base may have been built).
   const filler = Effect.gen(function* () {
     for (;;) {
       const next = yield* Deferred.make<void>()
       yield* Ref.set(wake, next)
-      const base = Date.now() < retryAt || making.length >= makingAtOnce ? undefined : (yield* wanted)[0]
-      if (base !== undefined && ready.length + unclaimed() + 1 <= (yield* roomFor)) {
-        const m: Making = { base: base.name, claimed: false, done: yield* Deferred.make<void>() }
+      let want: { readonly base: Bases.Base; readonly size: SizeName } | undefined
+      if (Date.now() >= retryAt && making.length < makingAtOnce)
+        for (const w of yield* wanted)
+          if (yield* fits(w.size)) {
+            want = w
+            break
+          }
+      if (want !== undefined) {
+        const m: Making = {
+          base: want.base.name,
+          size: want.size,
+          claimed: false,
+          done: yield* Deferred.make<void>(),
+        }
         making.push(m)
         // Not cut midway: a machine being made when the pool closes is finished, then destroyed
         // (the fiber is the pool scope's, stopped before its machines are destroyed).
-        yield* makeOne(base).pipe(
+        yield* makeOne(want.base, want.size).pipe(
           Effect.tap((ok) =>
             Effect.sync(() => {
               // Not made (the host's disk, say): tried again in 30 s, not at every event.
@@ -277,12 +332,13 @@ export const make = Effect.gen(function* () {
     yield* Effect.forkScoped(Stream.runForEach(capacity.changes, () => poke))
   }
 
-  // The first ready machine of `base` that is alive, out of the pool (a dead one is destroyed).
-  const takeReady = (base: string) =>
+  // The first ready machine of `base` and `size` that is alive, out of the pool (a dead one is
+  // destroyed).
+  const takeReady = (base: string, size: SizeName) =>
     Effect.gen(function* () {
       for (let i = 0; i < ready.length; i++) {
         const e = ready[i]!
-        if (e.base !== base) continue
+        if (e.base !== base || e.size !== size) continue
         ready.splice(i--, 1)
         // A machine that died while it waited is not handed out.
         if (yield* Effect.promise(() => alive(Number(e.machine.handle.pid)))) return e
@@ -293,15 +349,16 @@ export const make = Effect.gen(function* () {
 
   const take: WarmPoolService["take"] = (base, want) =>
     Effect.gen(function* () {
-      if (want !== settings.size) {
+      if (!settings.sizes.includes(want)) {
         yield* fit
         yield* poke
         return Option.none()
       }
       const t0 = Date.now()
-      let found = yield* takeReady(base)
+      let found = yield* takeReady(base, want)
       // None ready: the machine being made for the pool, promised to this run and waited for.
-      const promised = found === undefined ? making.find((m) => !m.claimed && m.base === base) : undefined
+      const promised =
+        found === undefined ? making.find((m) => !m.claimed && m.base === base && m.size === want) : undefined
       if (promised !== undefined) promised.claimed = true
       yield* fit
       yield* poke
@@ -313,10 +370,10 @@ export const make = Effect.gen(function* () {
             }),
           ),
         )
-        found = yield* takeReady(base)
+        found = yield* takeReady(base, want)
       }
       if (found === undefined) return Option.none()
-      const { scope: _scope, ...warm } = found
+      const { scope: _scope, size: _size, ...warm } = found
       yield* Effect.logInfo("warm machine taken").pipe(
         Effect.annotateLogs({
           machine: found.machine.id,
@@ -339,8 +396,8 @@ export const make = Effect.gen(function* () {
   return {
     take,
     yieldAll,
-    ready: Effect.sync(() => ready.map((e) => ({ id: e.machine.id, base: e.base }))),
-    making: Effect.sync(() => making.map((m) => ({ base: m.base, claimed: m.claimed }))),
+    ready: Effect.sync(() => ready.map((e) => ({ id: e.machine.id, base: e.base, size: e.size }))),
+    making: Effect.sync(() => making.map((m) => ({ base: m.base, size: m.size, claimed: m.claimed }))),
   } satisfies WarmPoolService
 })
 
