@@ -5,53 +5,27 @@
  * keeps only what the host's free room would hold, and leaves nothing when it closes, even with
  * machines half made.
  */
-import { randomBytes } from "node:crypto"
-import { ConfigProvider, Context, Effect, Either, Exit, Fiber, Layer, Option, Scope } from "effect"
+import { ConfigProvider, Effect, Either, Fiber, Option } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
-import { BasesSettings, ensureTestBase } from "../bases/Bases.ts"
-import { MachineDriver, type SizeName } from "../machines/MachineDriver.ts"
+import { ensureTestBase } from "../bases/Bases.ts"
+import type { SizeName } from "../machines/MachineDriver.ts"
 import { make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, testDriverSettings } from "../machines/namespace/testing.ts"
-import * as Capacity from "../registry/Capacity.ts"
-import { Host } from "../registry/HostSettings.ts"
+import { startWarmPool, type TestPool, testHostId } from "./testing.ts"
 import * as WarmPool from "./WarmPool.ts"
 
 const driver = namespaceDriver(testDriverSettings)
 // A host id of this file alone: the machines it owns are this file's.
-const HOST = `host_${randomBytes(13).toString("hex").slice(0, 26)}`
+const HOST = testHostId()
 let base: string
 
 const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(e)
 
-interface Pool {
-  readonly pool: WarmPool.WarmPoolService
-  readonly capacity: Capacity.CapacityService
-  readonly close: () => Promise<void>
-}
-
-let open: Pool | undefined
+let open: TestPool | undefined
 
 /** A pool of `machines` machines of the test base per size of `sizes` on a host of `vcpus`. */
-const startPool = async (
-  machines: number,
-  vcpus = 8,
-  sizes: ReadonlyArray<SizeName> = ["s"],
-): Promise<Pool> => {
-  const scope = Effect.runSync(Scope.make())
-  const capacity = await run(Capacity.make({ vcpus, memory_mib: 64 * 1024 }))
-  const layer = WarmPool.layerWith({ machines, sizes }).pipe(
-    Layer.provide(
-      Layer.mergeAll(
-        Layer.succeed(MachineDriver, driver),
-        Layer.succeed(Capacity.Capacity, capacity),
-        Layer.succeed(Host, { id: HOST as never, driver: "namespace", vcpus, memoryMib: 64 * 1024 }),
-        BasesSettings.layer({ recipes: ["debian-bookworm-slim"] }),
-      ),
-    ),
-  )
-  const context = await run(Layer.buildWithScope(layer, scope))
-  const pool = { pool: Context.get(context, WarmPool.WarmPool), capacity }
-  open = { ...pool, close: () => run(Scope.close(scope, Exit.void)) }
+const startPool = async (machines: number, vcpus = 8, sizes: ReadonlyArray<SizeName> = ["s"]) => {
+  open = await startWarmPool({ driver, host: HOST, machines, vcpus, sizes })
   return open
 }
 
