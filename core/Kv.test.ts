@@ -120,6 +120,17 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect("a view made again on the same connection is the one made before (per bucket and schema)", () =>
+    Effect.gen(function* () {
+      const storage = yield* Storage
+      const bucket = storage.names.kv.actors.name
+      const first = yield* Kv.make(bucket, Counter)
+      expect(yield* Kv.make(bucket, Counter)).toBe(first)
+      expect(yield* Kv.make(bucket, Schema.Unknown)).not.toBe(first)
+      expect(yield* Kv.make(storage.names.kv.runs.name, Counter)).not.toBe(first)
+    }),
+  )
+
   it.effect(
     "a single node's bucket is read with direct gets; a replicated one from its stream's leader",
     () =>

@@ -240,13 +240,43 @@ const codecsOf = <A, I>(schema: Schema.Schema<A, I>) => {
   }
 }
 
-/** Opens the typed view of an existing bucket. */
+// Typed views hold nothing but the connection's clients, names and compiled codecs, and callers
+// make them where they use them (per request, per actor message), so each connection keeps the
+// views it made, by bucket and schema: a view made again is the one made before, with no wait for
+// the bucket's opening and nothing built. Keyed weakly, so a schema made on the fly goes with its view.
+const madeViews = new WeakMap<JetStreamClient, Map<string, WeakMap<Schema.Schema.Any, Kv<unknown>>>>()
+
+/** Opens the typed view of an existing bucket (once per connection, bucket and schema). */
 export const make = <A, I>(
   bucket: string,
   schema: Schema.Schema<A, I>,
 ): Effect.Effect<Kv<A>, NatsError, Nats> =>
+  Effect.flatMap(Nats, (nats) => {
+    let byBucket = madeViews.get(nats.js)
+    const known = byBucket?.get(bucket)?.get(schema)
+    if (known !== undefined) return Effect.succeed(known as Kv<A>)
+    return Effect.map(build(nats, bucket, schema), (view) => {
+      if (byBucket === undefined) {
+        byBucket = new Map()
+        madeViews.set(nats.js, byBucket)
+      }
+      let bySchema = byBucket.get(bucket)
+      if (bySchema === undefined) {
+        bySchema = new WeakMap()
+        byBucket.set(bucket, bySchema)
+      }
+      bySchema.set(schema, view as Kv<unknown>)
+      return view
+    })
+  })
+
+const build = <A, I>(
+  nats: Nats["Type"],
+  bucket: string,
+  schema: Schema.Schema<A, I>,
+): Effect.Effect<Kv<A>, NatsError> =>
   Effect.gen(function* () {
-    const { js, jsm, connection, requests } = yield* Nats
+    const { js, jsm, connection, requests } = nats
     // Whether the bucket's stream allows direct gets, as its configuration says (`core/Storage.ts`:
     // single node only).
     const { kv, direct } = yield* attempt(`kv.open ${bucket}`, () => opened(js, jsm, bucket))
