@@ -246,14 +246,29 @@ export const nftScript = async (script: string): Promise<void> => {
 const forwardOn = (iface: string) => writeFile(`/proc/sys/net/ipv4/conf/${checkIface(iface)}/forwarding`, "1")
 
 /**
- * Puts machine `g` under the policy: refreshes the shared table and (re)places the machine's chain
- * and elements in one transaction, and lets the host forward its packets. Idempotent.
+ * The rules half of `attach`: refreshes the shared table and (re)places the machine's chain and
+ * elements in one transaction. Rules match interfaces by name, so they may be placed before the
+ * machine's interface exists (a driver does it while the machine is made). Idempotent.
  */
-export const attach = async (settings: PolicySettingsValue, g: Guest): Promise<void> => {
+export const attachRules = async (settings: PolicySettingsValue, g: Guest): Promise<void> => {
   const s = await resolveUplinks(settings)
   await nftScript(`${renderBase(s)}\n${renderAttach(s, g)}`)
+}
+
+/** The forwarding half of `attach`: the host forwards what arrives on the uplinks and on `iface` (which must exist). */
+export const forward = async (settings: PolicySettingsValue, iface: string): Promise<void> => {
+  const s = await resolveUplinks(settings)
   for (const u of list(s.uplinks)) await forwardOn(u)
-  await forwardOn(g.iface)
+  await forwardOn(iface)
+}
+
+/**
+ * Puts machine `g` under the policy: its rules (`attachRules`), then lets the host forward its
+ * packets (`forward`). Idempotent.
+ */
+export const attach = async (settings: PolicySettingsValue, g: Guest): Promise<void> => {
+  await attachRules(settings, g)
+  await forward(settings, g.iface)
 }
 
 /** Removes the machine behind `iface` from the policy; idempotent, and a no-op for an unknown interface. */

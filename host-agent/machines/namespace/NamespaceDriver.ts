@@ -308,6 +308,9 @@ const createNow = async (
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
+  // The machine's network rules, placed while its disk and container are made (they match its
+  // interface by name); awaited before its first program starts, and before any cleanup.
+  let rules: Promise<void> | undefined
   try {
     // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
     await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
@@ -320,6 +323,8 @@ const createNow = async (
     step = "network"
     const net = await Net.lease(s.runDir, s.addressPool, spec.id)
     const hostId = hostIdOf(s, net.slot)
+    rules = Policy.attachRules(policy, { iface: net.hostIf, guestAddress: net.guestAddress })
+    rules.catch(() => undefined) // awaited below
 
     step = "ssh"
     const hostKey = ssh2.utils.parseKey(spec.hostKey)
@@ -389,7 +394,8 @@ const createNow = async (
     step = "network"
     await Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
     step = "policy"
-    await Policy.attach(policy, { iface: net.hostIf, guestAddress: net.guestAddress })
+    await rules
+    await Policy.forward(policy, net.hostIf)
 
     step = "start"
     await run(s.crun, ["--root", crunRoot(s), "start", spec.id])
@@ -412,6 +418,8 @@ const createNow = async (
     }
   } catch (e) {
     const detail = e instanceof Error ? e.message : String(e)
+    // Rules still being placed would land after the cleanup removed them.
+    await rules?.catch(() => undefined)
     if (step !== "folder" || !detail.includes("EEXIST"))
       await destroyNow(s, policy, spec.id).catch(() => undefined)
     throw new MachineCreateFailed({ id: spec.id, step, detail })
