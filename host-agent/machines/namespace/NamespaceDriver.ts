@@ -365,7 +365,9 @@ const createNow = async (
           seccomp: Oci.seccompFromFile(s.seccompProfile),
           ...((await Lxcfs.ensure()) ? { lxcfs: { mount: Lxcfs.MOUNT, procFiles: Lxcfs.procFiles } } : {}),
           ...(cpus === undefined ? {} : { cpus }),
-          args: ["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"],
+          // `-r`: the one connection (the host agent's) is served by a fork, not a re-exec of sshd
+          // (~6 ms of every connect on bookworm's OpenSSH 9.2; OpenSSH 10 ignores it with a note).
+          args: ["/usr/sbin/sshd", "-D", "-e", "-r", "-f", "/etc/ssh/sshd_config"],
         }),
       ),
     )
