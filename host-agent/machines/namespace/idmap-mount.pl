@@ -9,7 +9,6 @@
 # took 25-100 ms of every machine's start.
 use strict;
 use warnings;
-use POSIX ();
 
 my ($SYS_OPEN_TREE, $SYS_MOVE_MOUNT, $SYS_MOUNT_SETATTR) = (428, 429, 442);    # x86_64 and aarch64 alike
 my %SYS_UNSHARE = (x86_64 => 272, aarch64 => 97);
@@ -23,7 +22,10 @@ if (@ARGV != 4) {
     exit 1;
 }
 my ($source, $target, $host_id, $count) = @ARGV;
-my $arch = (POSIX::uname())[4];
+# The machine's architecture (no POSIX module: loading it took 6 ms of the 8 this helper costs).
+my $arch_file;
+my $arch = open($arch_file, "<", "/proc/sys/kernel/arch") ? <$arch_file> : `uname -m`;
+chomp $arch;
 my $sys_unshare = $SYS_UNSHARE{$arch};
 if (!defined $sys_unshare) {
     print STDERR "idmap-mount: unknown architecture $arch\n";
@@ -37,9 +39,9 @@ my $child = fork;
 die "idmap-mount: fork: $!\n" unless defined $child;
 if ($child == 0) {
     close $write_end;
-    POSIX::_exit(1) if syscall($sys_unshare, $CLONE_NEWUSER) != 0;
+    exit 1 if syscall($sys_unshare, $CLONE_NEWUSER) != 0;
     sysread $read_end, my $byte, 1;
-    POSIX::_exit(0);
+    exit 0;
 }
 close $read_end;
 
