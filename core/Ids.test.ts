@@ -1,5 +1,6 @@
+import { createHash } from "node:crypto"
 import { describe, expect, it } from "vitest"
-import { idTime, makeId } from "./Ids.ts"
+import { idTime, makeId, seededId } from "./Ids.ts"
 
 const shape = /^run_[0-9a-hjkmnp-tv-z]{26}$/
 
@@ -25,6 +26,26 @@ describe("makeId", () => {
     const a = makeId("run", Date.UTC(2030, 0, 1))
     const b = makeId("run", Date.UTC(2029, 0, 1))
     expect(a < b).toBe(true)
+  })
+
+  it("writes its 80 random bits as 16 base32 characters, the top bits first", () => {
+    // The layout as a number: the 10 bytes big-endian, 5 bits a character from the top.
+    const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+    const reference = (bytes: Uint8Array) => {
+      let bits = 0n
+      for (const b of bytes) bits = (bits << 8n) | BigInt(b)
+      let tail = ""
+      for (let i = 0; i < 16; i++) {
+        tail = alphabet[Number(bits & 31n)] + tail
+        bits >>= 5n
+      }
+      return tail
+    }
+    for (let n = 0; n < 200; n++) {
+      const seed = `seed-${n}`
+      const random = createHash("sha256").update(`run:${seed}`).digest().subarray(0, 10)
+      expect(seededId("run", 1_764_129_158_323, seed).slice(-16)).toBe(reference(random))
+    }
   })
 
   it("encodes its time", () => {

@@ -4,7 +4,7 @@
  * Ids made later sort after ids made earlier, as strings; within one millisecond in one process
  * the random part is incremented, so order holds there too.
  */
-import { createHash, randomBytes } from "node:crypto"
+import { createHash, randomFillSync } from "node:crypto"
 
 const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -48,15 +48,29 @@ const encode = (time: number, random: Uint8Array): string => {
     out = alphabet[t % 32] + out
     t = Math.floor(t / 32)
   }
-  // 80 random bits = 16 characters of 5 bits.
-  let bits = 0n
-  for (const b of random) bits = (bits << 8n) | BigInt(b)
-  let tail = ""
+  // 80 random bits = 16 characters of 5 bits, the first from the top bits of the first byte: the
+  // 5 bits at bit offset 5i of the big-endian number, read from the two bytes that hold them.
   for (let i = 0; i < 16; i++) {
-    tail = alphabet[Number(bits & 31n)] + tail
-    bits >>= 5n
+    const at = i * 5
+    const byte = at >> 3
+    const pair = (random[byte]! << 8) | (byte + 1 < 10 ? random[byte + 1]! : 0)
+    out += alphabet[(pair >> (11 - (at & 7))) & 31]
   }
-  return out + tail
+  return out
+}
+
+// Random bytes are drawn from the CSPRNG a pool at a time (as node's randomUUID does): one
+// randomBytes call per id cost more than the rest of making it.
+const POOL_IDS = 128
+const pool = Buffer.alloc(10 * POOL_IDS)
+let pooled = POOL_IDS
+const freshRandom = (): Uint8Array => {
+  if (pooled === POOL_IDS) {
+    randomFillSync(pool)
+    pooled = 0
+  }
+  const at = 10 * pooled++
+  return Uint8Array.prototype.slice.call(pool, at, at + 10)
 }
 
 /** A new id with the given prefix, taking its time from `now` (milliseconds since the epoch). */
@@ -65,7 +79,7 @@ export const makeId = <P extends IdPrefix>(prefix: P, now: number = Date.now()):
     lastRandom = increment(lastRandom)
   } else {
     lastTime = now
-    lastRandom = randomBytes(10)
+    lastRandom = freshRandom()
   }
   return `${prefix}_${encode(Math.max(now, lastTime), lastRandom)}`
 }

@@ -19,7 +19,7 @@
  * - an answer that held a secret shown once (a new key's token) is not kept: the same request
  *   again answers `409 conflict` saying so.
  */
-import { createHash, randomBytes } from "node:crypto"
+import { createHash, randomFillSync } from "node:crypto"
 import { Cause, Clock, Effect, Exit, Fiber, FiberRef, Option, Schema } from "effect"
 import { type IdPrefix, makeId, seededId } from "../core/Ids.ts"
 import * as Kv from "../core/Kv.ts"
@@ -69,12 +69,25 @@ const idMaker = FiberRef.unsafeMake<(<P extends IdPrefix>(prefix: P) => `${P}_${
   undefined,
 )
 
+// Drawn from the CSPRNG a pool at a time: a randomBytes call per tag (one per created command)
+// cost more than the rest of making it.
+const TAGS_POOLED = 128
+const tagPool = Buffer.alloc(6 * TAGS_POOLED)
+let tagsTaken = TAGS_POOLED
+
 /**
  * A tag of this attempt for message ids (`create:<run>:<attempt>`): a retry that runs again with the
  * same ids must not have its messages taken for duplicates of the first attempt's (the actors
  * recognise the ids themselves), while a publish retried within one attempt still is.
  */
-export const attemptTag = (): string => randomBytes(6).toString("base64url")
+export const attemptTag = (): string => {
+  if (tagsTaken === TAGS_POOLED) {
+    randomFillSync(tagPool)
+    tagsTaken = 0
+  }
+  const at = 6 * tagsTaken++
+  return tagPool.toString("base64url", at, at + 6)
+}
 
 /** A new id for what the request creates: the same one again when a retry of it runs. */
 export const newId = <P extends IdPrefix>(prefix: P): Effect.Effect<`${P}_${string}`> =>
