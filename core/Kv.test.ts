@@ -120,6 +120,13 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect("making a view asks the server nothing: a missing bucket's view is made, its reads fail", () =>
+    Effect.gen(function* () {
+      const kv = yield* Kv.make(uniqueName("missing"), Counter)
+      expect((yield* kv.get("a").pipe(Effect.flip))._tag).toBe("NatsError")
+    }),
+  )
+
   it.effect("a view made again on the same connection is the one made before (per bucket and schema)", () =>
     Effect.gen(function* () {
       const storage = yield* Storage

@@ -187,19 +187,11 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
   },
 })
 
-/** An opened bucket: the client's handle, and whether its stream allows direct gets. */
-interface Opened {
-  readonly kv: KV
-  readonly direct: boolean
-}
-
-// Opening a bucket asks the server for its stream's configuration (the client's `open` only binds
-// to the name and reads nothing, so it cannot tell whether direct gets are allowed); typed views
-// are made freely (per request, per actor read), so each connection opens each bucket once and
-// shares the handle, which holds nothing but names. A failed open is forgotten, so the next one
-// tries again.
-const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<Opened>>>()
-const opened = (js: JetStreamClient, jsm: JetStreamManager, bucket: string): Promise<Opened> => {
+// Typed views are made freely (per request, per actor read), so each connection opens each bucket
+// once and shares the handle, which holds nothing but names. A failed open is forgotten, so the
+// next one tries again.
+const openedBuckets = new WeakMap<JetStreamClient, Map<string, Promise<KV>>>()
+const opened = (js: JetStreamClient, bucket: string): Promise<KV> => {
   let buckets = openedBuckets.get(js)
   if (buckets === undefined) {
     buckets = new Map()
@@ -207,12 +199,37 @@ const opened = (js: JetStreamClient, jsm: JetStreamManager, bucket: string): Pro
   }
   const known = buckets.get(bucket)
   if (known !== undefined) return known
-  const opening = Promise.all([new Kvm(js).open(bucket), jsm.streams.info(`KV_${bucket}`)]).then(
-    ([kv, info]) => ({ kv, direct: info.config.allow_direct === true }),
-  )
+  const opening = new Kvm(js).open(bucket)
   buckets.set(bucket, opening)
   opening.catch(() => buckets.delete(bucket))
   return opening
+}
+
+// Whether a bucket's stream allows direct gets, from its configuration (the client's `open` only
+// binds to the name and reads nothing, so it cannot tell): asked once per connection and bucket, at
+// the first read that needs it, so making a view never waits on the server. An answer that did not
+// come is forgotten, so the next read asks again.
+const directness = new WeakMap<JetStreamClient, Map<string, boolean | Promise<boolean>>>()
+const directsOf = (js: JetStreamClient) => {
+  let buckets = directness.get(js)
+  if (buckets === undefined) {
+    buckets = new Map()
+    directness.set(js, buckets)
+  }
+  return buckets
+}
+const directOf = (js: JetStreamClient, jsm: JetStreamManager, bucket: string): boolean | Promise<boolean> => {
+  const buckets = directsOf(js)
+  const known = buckets.get(bucket)
+  if (known !== undefined) return known
+  const asking = jsm.streams.info(`KV_${bucket}`).then((info) => {
+    const direct = info.config.allow_direct === true
+    buckets.set(bucket, direct)
+    return direct
+  })
+  buckets.set(bucket, asking)
+  asking.catch(() => buckets.delete(bucket))
+  return asking
 }
 
 interface Codecs {
@@ -277,9 +294,7 @@ const build = <A, I>(
 ): Effect.Effect<Kv<A>, NatsError> =>
   Effect.gen(function* () {
     const { js, jsm, connection, requests } = nats
-    // Whether the bucket's stream allows direct gets, as its configuration says (`core/Storage.ts`:
-    // single node only).
-    const { kv, direct } = yield* attempt(`kv.open ${bucket}`, () => opened(js, jsm, bucket))
+    const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const { encodeJson, decodeJson } = codecsOf(schema)
     const textDecoder = new TextDecoder()
     const streamName = `KV_${bucket}`
@@ -345,9 +360,23 @@ const build = <A, I>(
         onRight: (value) => Effect.succeed(Option.some({ value, revision: message.seq })),
       })
     }
+    // Whether the bucket's stream allows direct gets, as its configuration says (`core/Storage.ts`:
+    // single node only); asked at the first read.
     const get: Kv<A>["get"] = (key) => {
       if (!validKey.test(key))
         return Effect.fail(new NatsError({ operation: getOperation, message: `invalid key: ${key}` }))
+      const direct = directOf(js, jsm, bucket)
+      return typeof direct === "boolean"
+        ? getAs(direct, key)
+        : Effect.flatMap(
+            attempt(getOperation, () => direct),
+            (d) => getAs(d, key),
+          )
+    }
+    const getAs = (
+      direct: boolean,
+      key: string,
+    ): Effect.Effect<Option.Option<KvEntry<A>>, NatsError | KvValueInvalid> => {
       if (!direct)
         return Effect.flatMap(
           requests.request(
@@ -425,6 +454,8 @@ const build = <A, I>(
         const info = await jsm.streams.info(streamName, { subjects_filter: `${subjectPrefix}${filter}` })
         const subjects = Object.keys(info.state.subjects ?? {})
         const out: Array<string> = []
+        const direct = info.config.allow_direct === true
+        directsOf(js).set(bucket, direct)
         if (!direct) {
           // A replicated bucket: each key's last message from the stream's leader (see `get`).
           for (let i = 0; i < subjects.length; i += LEADER_KEYS_AT_ONCE) {
