@@ -545,6 +545,17 @@ describe("HostActor", () => {
     await stopAndCheck(c)
   }, 180_000)
 
+  it("a run whose function version is gone fails `infrastructure` and leaves no claimed folder", async () => {
+    const fn = await publish({})
+    // Failed before any machine was made: the folder the placement claimed goes with the life.
+    const gone = await place(fn, { version: 99 })
+    expect(await message(gone, "Fail")).toMatchObject({
+      failure: "infrastructure",
+      detail: `version 99 of function ${fn} is missing`,
+    })
+    await stopAndCheck(gone)
+  }, 180_000)
+
   it("a setup command exiting 1 fails the run with `setup` and its output", async () => {
     const fn = await publish({ setup: ["echo first", "echo broken >&2; exit 1", "echo never"] })
     const s = await place(fn)

@@ -266,6 +266,16 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
     const seal = yield* Seal
     const terminalSettings = yield* TerminalSettings.Tag
     const scope = yield* ScopeOps.make()
+    // The machine's claim (`MachineDriver.claim`, by the host actor) goes with a life that ends
+    // before a machine took it over; once one has, its own finalizer removes it all. Registered
+    // first, before the life can be stopped (a stop while it read the function version had left
+    // the claim), so it runs last, after the machine's own.
+    let made = false
+    const claims = yield* MachineDriver
+    yield* ScopeOps.addFinalizer(
+      scope,
+      Effect.suspend(() => (made ? Effect.void : Effect.ignore(claims.destroy(run.id)))),
+    )
     // Terminal sessions live here: closed before the machine's last log line, so theirs are in it.
     const terminals = yield* ScopeOps.fork(scope, ExecutionStrategy.sequential)
     const done = yield* Deferred.make<void>()
@@ -520,13 +530,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           )
 
         const kept = earlier?.machine
-        // The machine's claim (`MachineDriver.claim`, by the host actor) goes with a life that ends
-        // before a machine took it over; once one has, its own finalizer removes it all.
-        let made = false
-        yield* ScopeOps.addFinalizer(
-          scope,
-          Effect.suspend(() => (made ? Effect.void : Effect.ignore(driver.destroy(runId)))),
-        )
         let machine: Machine
         let guest: GuestSession
         let clientKey: string
