@@ -1,4 +1,4 @@
-import { Effect, Exit, Option } from "effect"
+import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
@@ -146,6 +146,18 @@ describe("namespace driver", () => {
     const exit = await Effect.runPromiseExit(driver.create(spec("x", { id: "Bad/Id" })))
     expect(Exit.isFailure(exit)).toBe(true)
     expect(String(exit)).toContain("MachineCreateFailed")
+  })
+
+  it("a base that is not there fails the create at its mounts, naming them, and leaves nothing", async () => {
+    const s = spec("nobase", { base: "/var/cache/hangar/bases/none/rootfs" })
+    const exit = await Effect.runPromiseExit(driver.create(s))
+    expect(Exit.isFailure(exit)).toBe(true)
+    const failure = Exit.isFailure(exit) ? Option.getOrThrow(Cause.failureOption(exit.cause)) : undefined
+    expect(failure).toMatchObject({ _tag: "MachineCreateFailed", step: "container" })
+    expect(failure?.detail).toContain(
+      "machine-root: idmapped mount: open_tree /var/cache/hangar/bases/none/rootfs: No such file or directory",
+    )
+    expect(await leftovers(s.id)).toEqual([])
   })
 
   it("a full /workspace is a real ENOSPC", async () => {

@@ -94,18 +94,23 @@ export const up = async (
       `route add ${n.guestAddress}/32 dev ${n.hostIf} quickack 1`,
     ].join("\n"),
   })
-  await run("ip", ["-n", n.netns, "-batch", "-"], {
-    input: [
-      `addr add ${n.guestAddress}/30 dev eth0`,
-      "link set lo up",
-      "link set eth0 up",
-      `route add default via ${n.hostAddress}`,
-    ].join("\n"),
-  })
-  if (bytesPerSecond !== undefined) {
-    await run("tc", ["-batch", "-"], { input: shape(n.hostIf, bytesPerSecond) })
-    await run("tc", ["-n", n.netns, "-batch", "-"], { input: shape("eth0", bytesPerSecond) })
-  }
+  // With both ends there, the machine's end, and each end's shaping, are set at once.
+  await Promise.all([
+    run("ip", ["-n", n.netns, "-batch", "-"], {
+      input: [
+        `addr add ${n.guestAddress}/30 dev eth0`,
+        "link set lo up",
+        "link set eth0 up",
+        `route add default via ${n.hostAddress}`,
+      ].join("\n"),
+    }),
+    ...(bytesPerSecond === undefined
+      ? []
+      : [
+          run("tc", ["-batch", "-"], { input: shape(n.hostIf, bytesPerSecond) }),
+          run("tc", ["-n", n.netns, "-batch", "-"], { input: shape("eth0", bytesPerSecond) }),
+        ]),
+  ])
 }
 
 /** Removes the veth pair and the netns of machine `id`; missing parts are fine. */

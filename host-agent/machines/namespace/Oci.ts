@@ -4,7 +4,7 @@
  *
  * - A user namespace maps the guest's ids 0..65535 to the machine's own host range (`hostId`), so
  *   root in the machine is an ordinary, unique uid on the host; the base is shown to it through an
- *   idmapped mount (`idmap-mount.pl`), never copied or chowned.
+ *   idmapped mount (`machine-root.pl`), never copied or chowned.
  * - pid, ipc, uts, mount, cgroup and network namespaces of its own (the driver moves the machine's
  *   veth into the network namespace before the first program starts).
  * - The capability set of Docker's default less `CAP_MKNOD` and `CAP_NET_RAW` (all of them valid
