@@ -2,6 +2,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Schema } from "effect"
 import * as Actor from "../../../schema/actors/Actor.ts"
 import { Run, type RunActorState } from "../../../schema/actors/Run.ts"
+import { emptyUsage } from "../../../schema/Run.ts"
 import { codecsOf } from "./Codecs.ts"
 
 const id = (prefix: string, n: number) => `${prefix}_${String(n).padStart(26, "0")}`
@@ -20,17 +21,7 @@ const storedRun = (n: number) => ({
   created_at: "2026-11-26T03:52:38.123Z",
   started_at: "2026-11-26T03:52:38.323Z",
   created_by: id("key", 1),
-  usage: {
-    compute: { size: "s", seconds: 0 },
-    model: {
-      calls: 0,
-      input_tokens: 0,
-      cache_read_tokens: 0,
-      cache_write_tokens: 0,
-      output_tokens: 0,
-      web_searches: 0,
-    },
-  },
+  usage: emptyUsage("s"),
   memory_mib: 1024,
   timeout_minutes: 60,
   log_parts: 0,
