@@ -30,6 +30,7 @@ import {
   publish,
   publishProvider,
   request,
+  runLog,
   type Stack,
   startRun,
   startStack,
@@ -305,12 +306,7 @@ describe("the agent with OpenAI", () => {
 
     // The run log holds the model's messages (each turn once, in order) and each tool call with its
     // result. (The two come by different paths, so how they interleave is not asserted.)
-    const log = await call(stack, "GET", `/v1/runs/${started.id}/log`, acct.admin)
-    expect(log.status).toBe(200)
-    const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
-      .flatMap((p) => p.data.toString("utf8").split("\n"))
-      .filter((l) => l !== "")
-      .map((l) => JSON.parse(l))
+    const lines = await runLog(stack, acct, started.id)
     const said = lines.filter((l) => l.kind === "assistant")
     expect(said.map((l) => [l.turn, l.text, l.tool_calls])).toEqual([
       [1, "I will write the file.", ["bash"]],
@@ -594,11 +590,8 @@ describe("google web search with functions", () => {
           searches ? { includeServerSideToolInvocations: true } : undefined,
         )
       }
-      const log = expectStatus(await call(stack, "GET", `/v1/runs/${run.id}/log`, acct.admin), 200, "GET log")
-      const lines = (await Promise.all(log.parts.map((u: string) => request(u))))
-        .flatMap((p) => p.data.toString("utf8").split("\n"))
-        .filter((l) => l !== "")
-        .map((l) => JSON.parse(l))
+      // The whole log: its last part is stored as the machine goes, just after the run ends.
+      const lines = await runLog(stack, acct, run.id)
       const notices = lines.filter((l) => l.kind === "notice")
       if (searches) expect(notices).toEqual([])
       else {

@@ -14,13 +14,12 @@ import { TerminalSettings } from "../core/TerminalSettings.ts"
 import * as Relay from "../relay/Relay.ts"
 import { storageNames } from "../schema/Subjects.ts"
 import {
-  call,
   closeStack,
   command,
   createAccount,
   type Json,
   publish,
-  request,
+  runLog,
   type Stack,
   startRun,
   startStack,
@@ -166,18 +165,7 @@ const refusalOf = (url: string) =>
   })
 
 /** The run's whole log, once its last part (with the `end` line) is stored, or after 30 s. */
-const logOf = async (run: string): Promise<Array<Json>> => {
-  const deadline = Date.now() + 30_000
-  for (;;) {
-    const parts = (await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)).body.parts as Array<string>
-    const log = (await Promise.all(parts.map((u) => request(u))))
-      .flatMap((p) => p.data.toString("utf8").split("\n"))
-      .filter((l) => l !== "")
-      .map((l) => JSON.parse(l) as Json)
-    if (log.some((l) => l.kind === "end") || Date.now() > deadline) return log
-    await new Promise((r) => setTimeout(r, 100))
-  }
-}
+const logOf = (run: string): Promise<Array<Json>> => runLog(stack, acct, run)
 
 /** The route's core NATS subject `part`, as the relay and the host end name it. */
 const routeSubject = (route: string, part: "join" | "in" | "out") =>
