@@ -70,6 +70,16 @@ export class NatsError extends Data.TaggedError("NatsError")<{
 }> {}
 
 /**
+ * Whether `error` is NATS not taking a call: a `NatsError`, or an error of a store port caused by
+ * one (`KeyStoreFailed` carries the key store's). What retry-until-taken loops retry.
+ */
+export const isNatsError = (error: unknown, depth = 0): boolean => {
+  if (typeof error !== "object" || error === null) return false
+  const e = error as { readonly _tag?: unknown; readonly cause?: unknown }
+  return e._tag === "NatsError" || (depth < 3 && isNatsError(e.cause, depth + 1))
+}
+
+/**
  * When an operation of this process last timed out, found no responder or was told "not now" by
  * JetStream (a 503): evidence that the store is in trouble, for `settled`. One clock per process
  * (a process has one connection; tests with several share it, which only widens their window).

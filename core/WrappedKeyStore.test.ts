@@ -115,7 +115,30 @@ layer(NatsServer.layer)("WrappedKeyStore", (it) => {
       for (const bad of ["acc.x", "acc x", "acc*", ">", ""]) {
         expect((yield* Effect.flip(store.get(bad)))._tag).toBe("KeyStoreFailed")
         expect((yield* Effect.flip(store.create(bad, randomBytes(8))))._tag).toBe("KeyStoreFailed")
+        // Not the bus's fault: a retry would fail the same way.
+        expect(Nats.isNatsError(yield* Effect.flip(store.get(bad)))).toBe(false)
       }
     }),
+  )
+
+  it.scoped(
+    "a store NATS does not answer fails with the reason, as the bus's failure (retried until taken)",
+    () =>
+      Effect.gen(function* () {
+        const bucket = uniqueName("secrets")
+        const conn = yield* connection
+        yield* Effect.promise(() => new Kvm(conn.js).create(bucket))
+        const store = yield* WrappedKeyStore.makeKv(bucket).pipe(Effect.provideService(Nats.Nats, conn))
+        yield* Effect.promise(() => conn.connection.close())
+        for (const error of [
+          yield* Effect.flip(store.get(ACC)),
+          yield* Effect.flip(store.create(ACC, randomBytes(8))),
+        ]) {
+          expect(error._tag).toBe("KeyStoreFailed")
+          expect(error.message).toContain(bucket)
+          expect(`${error}`).toContain(bucket)
+          expect(Nats.isNatsError(error)).toBe(true)
+        }
+      }),
   )
 })

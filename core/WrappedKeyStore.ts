@@ -14,7 +14,11 @@ export class KeyStoreFailed extends Data.TaggedError("KeyStoreFailed")<{
   readonly account: string
   readonly reason: string
   readonly cause?: unknown
-}> {}
+}> {
+  override get message() {
+    return this.reason
+  }
+}
 
 /** Wrapped data keys by account id. */
 export interface WrappedKeyStoreService {

@@ -55,7 +55,7 @@ import { Functions } from "../../core/Functions.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Links } from "../../core/Links.ts"
-import type { Nats } from "../../core/Nats.ts"
+import { isNatsError, type Nats } from "../../core/Nats.ts"
 import * as ObjectStore from "../../core/ObjectStore.ts"
 import * as OperatorEvents from "../../core/OperatorEvents.ts"
 import { Seal } from "../../core/Seal.ts"
@@ -311,7 +311,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
 
     // What the host agent tells about a run or a command is retried until NATS takes it (every
     // message and record write is idempotent: message ids, revisions), so an outage of NATS, even
-    // a long one, loses no end: 0.1 s doubling to one try every 5 s, for up to 10 minutes.
+    // a long one, loses no end: 0.1 s doubling to one try every 5 s, for up to 10 minutes. A
+    // failure NATS caused (the keyring's store, met by a seal) is retried the same way.
     const untilTaken = Schedule.exponential("100 millis").pipe(
       Schedule.either(Schedule.spaced("5 seconds")),
       Schedule.upTo("10 minutes"),
@@ -320,7 +321,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
     const whileStoreAway = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
       Effect.retry(effect, {
         schedule: untilTaken,
-        while: (e) => (e as { _tag?: string })._tag === "NatsError",
+        while: isNatsError,
       })
     const send = <E, R>(what: string, effect: Effect.Effect<void, E, R>) =>
       effect.pipe(
