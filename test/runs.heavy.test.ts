@@ -12,7 +12,9 @@
  * - a host agent SIGKILLed and started again adopts its runs' machines (the runs go on, the
  *   commands it had end failed, their processes killed); a machine that died meanwhile is removed
  *   and its run failed at once; a host agent that never comes back has its runs failed once the
- *   host is judged gone, and the next one sweeps what it left.
+ *   host is judged gone, and the next one sweeps what it left;
+ * - a nats-server frozen or killed while a command ends, or while a ready machine is kept (the host
+ *   agent's first read of the account's key), loses nothing: the run goes on once it is back.
  */
 import { spawnSync } from "node:child_process"
 import { createPublicKey, verify } from "node:crypto"
@@ -471,7 +473,7 @@ describe("every role in its own process (hangar serve <role>)", () => {
   }, 180_000)
 })
 
-describe("a nats-server that stands still, or is killed and started again, while a command ends", () => {
+describe("a nats-server that stands still, or is killed and started again, while a command ends or a machine is kept", () => {
   let stack: Stack
   let acct: TestAccount
 
@@ -509,6 +511,26 @@ describe("a nats-server that stands still, or is killed and started again, while
     const run_ = (await call(stack, "GET", `/v1/runs/${run}`, acct.admin)).body
     expect(run_.state).toBe("running")
     await command(stack, acct, run, "finish", { state: "failed" })
+  }, 180_000)
+
+  it("a machine kept while the server stands still (the host agent's first read of the account's key) is ready once it answers again", async () => {
+    // An account of its own: the host agent has not read its data key yet. Keeping a ready machine
+    // seals its login key for the account, so that read comes when setup ends, in the freeze.
+    const fresh = await createAccount(stack, { creditUsd: 100 })
+    const fn = await publish(stack, fresh, { timeout_minutes: 60, setup: ["sleep 4"] })
+    const run = (await startRun(stack, fresh, fn.function)).id
+    expect((await waitRun(stack, fresh, run, { until: (r) => r.state === "running" })).state).toBe("running")
+    await new Promise((r) => setTimeout(r, 1_500))
+    process.kill(stack.natsPid, "SIGSTOP")
+    try {
+      await new Promise((r) => setTimeout(r, 9_000))
+    } finally {
+      process.kill(stack.natsPid, "SIGCONT")
+    }
+    const up = await command(stack, fresh, run, "bash", { command: "echo up" })
+    expect(up, problems(stack)).toMatchObject({ state: "succeeded", result: { output: "up\n" } })
+    expect((await call(stack, "GET", `/v1/runs/${run}`, fresh.admin)).body.state).toBe("running")
+    await command(stack, fresh, run, "finish", { state: "failed" })
   }, 180_000)
 
   it("killed outright: the gateway answers 503 with Retry-After meanwhile, and once it is back the command's end is written and the run goes on", async () => {
