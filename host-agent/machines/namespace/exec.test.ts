@@ -1,8 +1,12 @@
 /**
- * Host tools through the helper process (`exec.ts`): output, input, failures with the tool's own
- * message, a helper that died (its calls fail, the next call starts another), and `launch`, whose
- * end is the tool's exit even when what it started holds its log open.
+ * Host tools through the helper process (`exec.ts`, `exec-helper.pl`): output, input (more than
+ * a pipe holds, and to a tool that reads none), failures with the tool's own message, a tool ended
+ * by a signal, a helper that died (its calls fail, the next call starts another) or whose parent
+ * went (it ends too), and `launch`, whose end is the tool's exit even when what it started holds
+ * its log open.
  */
+import { spawnSync } from "node:child_process"
+import { existsSync } from "node:fs"
 import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -28,6 +32,22 @@ describe("exec", () => {
     expect(many).toEqual(Array.from({ length: 20 }, (_, i) => `${i}\n`))
   })
 
+  it("takes and gives more than a pipe holds, in bytes as they are, and feeds no tool that reads none", async () => {
+    const input = `${"é".repeat(300_000)}\n`
+    expect(await run("wc", ["-c"], { input })).toBe(`${Buffer.byteLength(input)}\n`)
+    expect(await run("cat", [], { input })).toBe(input)
+    const out = await run("sh", [
+      "-c",
+      "head -c 1000000 /dev/zero | tr '\\0' x; head -c 300000 /dev/zero >&2",
+    ])
+    expect(out).toBe("x".repeat(1_000_000))
+    expect(await run("true", [], { input })).toBe("")
+  })
+
+  it("a tool ended by a signal fails as such", async () => {
+    await expect(run("sh", ["-c", "kill -KILL $$"])).rejects.toThrow("sh -c kill -KILL $$ exited null")
+  })
+
   it("fails with the command, its exit code and its stderr; a missing tool fails naming it", async () => {
     await expect(run("sh", ["-c", "echo partial; echo 'no such table' >&2; exit 3"])).rejects.toThrow(
       "sh -c echo partial; echo 'no such table' >&2; exit 3 exited 3: no such table",
@@ -40,7 +60,7 @@ describe("exec", () => {
   it("tools are forked from the helper, not from this process", async () => {
     const pid = await helperPid()
     expect(pid).not.toBe(process.pid)
-    expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.mjs")
+    expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.pl")
   })
 
   it("a helper that dies fails the calls it had, and the next call starts another", async () => {
@@ -50,6 +70,28 @@ describe("exec", () => {
     await expect(pending).rejects.toThrow("the tool runner exited (SIGKILL)")
     expect(await run("echo", ["again"])).toBe("again\n")
     expect(await helperPid()).not.toBe(pid)
+  })
+
+  it("the helper ends with the process that started it", () => {
+    const child = spawnSync(
+      process.execPath,
+      [
+        "--import",
+        "tsx",
+        "--input-type=module",
+        "-e",
+        `import { run } from ${JSON.stringify(new URL("./exec.ts", import.meta.url).pathname)}; console.log((await run("sh", ["-c", "echo $PPID"])).trim())`,
+      ],
+      { encoding: "utf8", timeout: 30_000 },
+    )
+    expect(child.status, child.stderr).toBe(0)
+    const pid = Number(child.stdout.trim())
+    expect(pid).toBeGreaterThan(0)
+    expect(pid).not.toBe(child.pid)
+    // Gone (reaped by init once its stdin ended), not left behind.
+    const until = Date.now() + 5_000
+    while (existsSync(`/proc/${pid}`) && Date.now() < until) spawnSync("sleep", ["0.02"])
+    expect(existsSync(`/proc/${pid}`)).toBe(false)
   })
 
   it("launch appends the output to its log and ends at the tool's exit, while its child holds the log", async () => {
