@@ -36,4 +36,11 @@ describe("defineSettings", () => {
   it("a malformed variable fails naming it", () => {
     expect(() => read(Example.layerFromEnv, { HANGAR_EXAMPLE_PORT: "eighty" })).toThrow(/HANGAR_EXAMPLE_PORT/)
   })
+
+  it("a negative count is refused naming the variable; 0 is taken", () => {
+    expect(() => read(Example.layerFromEnv, { HANGAR_EXAMPLE_PORT: "-1" })).toThrow(
+      /HANGAR_EXAMPLE_PORT.*must be a whole number, 0 or more/,
+    )
+    expect(read(Example.layerFromEnv, { HANGAR_EXAMPLE_PORT: "0" }).port).toBe(0)
+  })
 })

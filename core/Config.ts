@@ -46,8 +46,15 @@ export const defineSettings = <const Id extends string, S extends object>(
 export const env = {
   string: (name: string, fallback: string) =>
     Config.string(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
-  integer: (name: string, fallback: number) =>
-    Config.integer(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
+  /**
+   * A count, size or duration: a whole number, `min` (0) or more; a smaller one is refused, naming
+   * the variable.
+   */
+  integer: (name: string, fallback: number, min = 0) =>
+    Config.integer(`HANGAR_${name}`).pipe(
+      Config.validate({ message: `must be a whole number, ${min} or more`, validation: (n) => n >= min }),
+      Config.withDefault(fallback),
+    ),
   boolean: (name: string, fallback: boolean) =>
     Config.boolean(`HANGAR_${name}`).pipe(Config.withDefault(fallback)),
   redacted: (name: string, fallback: string) =>

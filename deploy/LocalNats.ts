@@ -41,7 +41,7 @@ export interface LocalNatsSettingsShape {
 export const LocalNatsSettings = defineSettings(
   "hangar/LocalNatsSettings",
   { dataDir, host: "127.0.0.1", port: 4222, storeKey: Redacted.make("") } as LocalNatsSettingsShape,
-  (d) => ({ port: env.integer("NATS_PORT", d.port), storeKey: env.redacted("NATS_STORE_KEY", "") }),
+  (d) => ({ port: env.integer("NATS_PORT", d.port, -1), storeKey: env.redacted("NATS_STORE_KEY", "") }),
 )
 
 /** Another live process holds the data folder's lock; `pid` is that process. */
