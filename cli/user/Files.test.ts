@@ -1,8 +1,11 @@
 /**
  * `Files.ts` on its own: packing refuses what the service would refuse (links, special files),
  * unpacking refuses any archive that would write a link, a special file or outside the target, and
- * leaves nothing behind when it refuses; a packed folder comes back byte for byte. Archives are
- * crafted with node-tar's `Header`, served from a local HTTP server.
+ * leaves nothing behind when it refuses; a packed folder comes back byte for byte; a folder is
+ * sent as the pack that counted it, with nothing written to disk, and one changed in between is
+ * refused. Archives are crafted with node-tar's `Header`, served from (and uploads sent to) a
+ * local HTTP server; the API that answers the upload link is a stand-in (the CLI tests in
+ * `test/` send folders to the real gateway).
  */
 import { spawnSync } from "node:child_process"
 import { createHash, randomBytes } from "node:crypto"
@@ -49,12 +52,24 @@ afterEach(() => {
   rmSync(work, { recursive: true, force: true })
 })
 
-// Archives served by path.
+// Archives served by path; uploads (PUT) received whole by path, and every PUT begun.
 const served = new Map<string, Buffer>()
+const received = new Map<string, Buffer>()
+const begun: Array<string> = []
 let server: http.Server
 let base: string
 beforeAll(async () => {
   server = http.createServer((req, res) => {
+    if (req.method === "PUT") {
+      begun.push(req.url ?? "")
+      const parts: Array<Buffer> = []
+      req.on("data", (c: Buffer) => parts.push(c))
+      req.on("end", () => {
+        received.set(req.url ?? "", Buffer.concat(parts))
+        res.end()
+      })
+      return
+    }
     const body = served.get(req.url ?? "")
     if (body === undefined) {
       res.writeHead(404, { "content-type": "application/json" })
@@ -204,6 +219,66 @@ describe("packing", () => {
     const target = join(work, "back")
     await downloadAndUnpack(out, serve("round.tar.gz", readFileSync(archive)), counted.sha256, target)
     expect(tree(target)).toEqual(tree(dir))
+    expect(readdirSync(temp)).toEqual([])
+  })
+})
+
+/** An API whose `POST /v1/files` answers a link to this server's `/upload/<name>` (after `onPost`). */
+const uploadApi = (name: string, onPost: () => void = () => undefined) => {
+  const announced: Array<{ bytes: number; sha256: string }> = []
+  const api: Api = {
+    base,
+    key: () => "unused",
+    call: async <T>(method: string, path: string, body?: unknown) => {
+      expect(`${method} ${path}`).toBe("POST /v1/files")
+      announced.push(body as { bytes: number; sha256: string })
+      onPost()
+      const { bytes } = body as { bytes: number }
+      return {
+        id: `file_${name}`,
+        url: `${base}/upload/${name}`,
+        method: "PUT",
+        headers: { "content-length": String(bytes), "content-type": "application/gzip" },
+      } as T
+    },
+  }
+  return { api, announced }
+}
+
+describe("uploading a folder", () => {
+  it("sends the bytes the counting pack announced, a .tar.gz byte for byte like packFolder's, writing nothing to disk", async () => {
+    const dir = join(work, "src")
+    mkdirSync(join(dir, "deep"), { recursive: true })
+    writeFileSync(join(dir, "big.bin"), randomBytes(9 * 1024 * 1024 + 5))
+    writeFileSync(join(dir, "deep", "zeros"), Buffer.alloc(5 * 1024 * 1024))
+    writeFileSync(join(dir, "small.txt"), "hello\n")
+    const { api, announced } = uploadApi("whole")
+    expect(await uploadFolder(api, out, dir)).toBe("file_whole")
+    const body = received.get("/upload/whole")
+    expect(body).toBeDefined()
+    expect(announced).toEqual([
+      { bytes: body!.length, sha256: createHash("sha256").update(body!).digest("hex") },
+    ])
+    expect(readdirSync(temp)).toEqual([])
+    const archive = join(work, "a.tar.gz")
+    await packFolder(dir, archive)
+    expect(readFileSync(archive).equals(body!)).toBe(true)
+    const target = join(work, "back")
+    await downloadAndUnpack(out, serve("sent.tar.gz", body!), announced[0]!.sha256, target)
+    expect(tree(target)).toEqual(tree(dir))
+  })
+
+  it("a folder changed between the count and the send is refused naming it, sent once and not kept", async () => {
+    const dir = join(work, "src")
+    mkdirSync(dir)
+    writeFileSync(join(dir, "grows.txt"), "before\n")
+    writeFileSync(join(dir, "big.bin"), randomBytes(6 * 1024 * 1024))
+    const { api } = uploadApi("changed", () => writeFileSync(join(dir, "grows.txt"), "after, and longer\n"))
+    const message = await refusalOf(uploadFolder(api, out, dir))
+    expect(message).toContain(dir)
+    expect(message).toContain("changed while it was being uploaded")
+    expect(begun.filter((u) => u === "/upload/changed")).toHaveLength(1)
+    expect(received.has("/upload/changed")).toBe(false)
     expect(readdirSync(temp)).toEqual([])
   })
 })
