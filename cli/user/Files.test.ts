@@ -52,10 +52,12 @@ afterEach(() => {
   rmSync(work, { recursive: true, force: true })
 })
 
-// Archives served by path; uploads (PUT) received whole by path, and every PUT begun.
+// Archives served by path; uploads (PUT) received whole by path, and every PUT begun. An upload
+// whose SHA-256 is not the one announced for its path is refused as the gateway refuses it.
 const served = new Map<string, Buffer>()
 const received = new Map<string, Buffer>()
 const begun: Array<string> = []
+const announcedSha = new Map<string, string>()
 let server: http.Server
 let base: string
 beforeAll(async () => {
@@ -65,7 +67,18 @@ beforeAll(async () => {
       const parts: Array<Buffer> = []
       req.on("data", (c: Buffer) => parts.push(c))
       req.on("end", () => {
-        received.set(req.url ?? "", Buffer.concat(parts))
+        const body = Buffer.concat(parts)
+        const digest = createHash("sha256").update(body).digest("hex")
+        if (digest !== announcedSha.get(req.url ?? "")) {
+          res.writeHead(400, { "content-type": "application/json" })
+          return res.end(
+            JSON.stringify({
+              error: `sha256: the body's SHA-256 is ${digest}, not the one announced`,
+              code: "invalid_request",
+            }),
+          )
+        }
+        received.set(req.url ?? "", body)
         res.end()
       })
       return
@@ -232,6 +245,7 @@ const uploadApi = (name: string, onPost: () => void = () => undefined) => {
     call: async <T>(method: string, path: string, body?: unknown) => {
       expect(`${method} ${path}`).toBe("POST /v1/files")
       announced.push(body as { bytes: number; sha256: string })
+      announcedSha.set(`/upload/${name}`, (body as { sha256: string }).sha256)
       onPost()
       const { bytes } = body as { bytes: number }
       return {
@@ -280,6 +294,19 @@ describe("uploading a folder", () => {
     expect(begun.filter((u) => u === "/upload/changed")).toHaveLength(1)
     expect(received.has("/upload/changed")).toBe(false)
     expect(readdirSync(temp)).toEqual([])
+  })
+
+  it("a file changed to the same size in between: the refused SHA-256 is answered as a changed folder", async () => {
+    const dir = join(work, "src")
+    mkdirSync(dir)
+    writeFileSync(join(dir, "same.txt"), "before\n")
+    writeFileSync(join(dir, "big.bin"), randomBytes(6 * 1024 * 1024))
+    const { api } = uploadApi("same-size", () => writeFileSync(join(dir, "same.txt"), "after!\n"))
+    const message = await refusalOf(uploadFolder(api, out, dir))
+    expect(message).toContain(dir)
+    expect(message).toContain("changed while it was being uploaded")
+    expect(begun.filter((u) => u === "/upload/same-size")).toHaveLength(1)
+    expect(received.has("/upload/same-size")).toBe(false)
   })
 })
 
