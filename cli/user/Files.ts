@@ -21,8 +21,8 @@
  *   bytes are sent (the upload waited for a whole pack before). A 5 GB folder needs no 5 GB of free
  *   disk. A folder changed between the two packs is refused, naming it, rather than sent unlike
  *   what was announced: a change of size is seen here as the bytes go, any other by the gateway,
- *   which refuses a body whose SHA-256 is not the one announced (hashing it again here, beside the
- *   sending, cost the upload a tenth of its speed on two cores).
+ *   which refuses a body whose SHA-256 is not the one announced (hashing it again here would take
+ *   ~0.6 s of CPU per GB from the sending).
  * - gzip level 1 (level 0, stored, for a member whose sample level 1 would not shrink by 3 %),
  *   in members of 4 MiB compressed on the thread pool side by side (a `.tar.gz` may
  *   be several gzip members one after another; gzip, GNU tar and Node's gunzip read them as one
