@@ -13,6 +13,14 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, wri
 import { dirname, join } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 
+// Node 20.15 or later (package.json `engines`): the folder upload builds its gzip members with
+// `zlib.crc32`. Said at once, not as a crash mid-upload.
+const [major, minor] = process.versions.node.split(".").map(Number)
+if (major < 20 || (major === 20 && minor < 15)) {
+  process.stderr.write(`hangar needs Node.js 20.15 or later; this is ${process.version}\n`)
+  process.exit(1)
+}
+
 const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 const command = process.argv[2]
 const home = join(process.env.HANGAR_TOOLS_DIR ?? join(root, ".tools"), "cli")

@@ -90,6 +90,17 @@ describe("the command line itself", () => {
     expect(expectExit(await cli(["runs", "--state", "queued"]), 2).stderr).toContain("--state")
     expect(expectExit(await cli(["show"]), 2).stderr).toContain("usage: hangar show RUN")
     expect(expectExit(await cli(["show", "a", "b"]), 2).stderr).toContain("unexpected argument: b")
+    // An older Node is told at once (the folder upload needs zlib.crc32, from 20.15).
+    const old = "v20.14.0"
+    const tooOld = expectExit(
+      await cli(["version"], {
+        env: {
+          NODE_OPTIONS: `--import=data:text/javascript,Object.defineProperty(process.versions,'node',{value:'${old.slice(1)}'});Object.defineProperty(process,'version',{value:'${old}'})`,
+        },
+      }),
+      1,
+    )
+    expect(tooOld.stderr).toContain(`hangar needs Node.js 20.15 or later; this is ${old}`)
     expect(expectExit(await cli(["run", "fn"]), 2).stderr).toContain("--prompt is required")
   })
 
