@@ -184,8 +184,9 @@ export type StoredOutput = typeof StoredOutput.Type
  * actor: the API's Run with the output's object name instead of a link, plus what the API does not
  * show. `seq` is the run actor's mailbox sequence at the write, so a write never replaces a newer
  * one (a stale owner's late projection loses); `log_parts` counts the log objects `<run>.<n>`
- * (`n` from 1) in the `logs` store; `memory_mib` and `timeout_minutes` are the resolved size's
- * memory and the version's timeout.
+ * (`n` from 1) in the `logs` store, and `log_complete` says the last of them (the machine's `end`)
+ * is among them; `memory_mib` and `timeout_minutes` are the resolved size's memory and the
+ * version's timeout.
  */
 export const StoredRun = Schema.Struct({
   ...Run.fields,
@@ -193,6 +194,7 @@ export const StoredRun = Schema.Struct({
   memory_mib: Count,
   timeout_minutes: IntAtLeast(1),
   log_parts: Count,
+  log_complete: Schema.optional(Schema.Boolean),
   /** The host that took the run, once one did. */
   host: Schema.optional(Schema.String),
   seq: Count,
@@ -201,7 +203,16 @@ export type StoredRun = typeof StoredRun.Type
 
 /** The run as the API shows it: the stored run without what is ours, `output.url` = `outputUrl`. */
 export const apiRun = (stored: StoredRun, outputUrl: string): Run => {
-  const { output, memory_mib: _m, timeout_minutes: _t, log_parts: _l, host: _h, seq: _s, ...rest } = stored
+  const {
+    output,
+    memory_mib: _m,
+    timeout_minutes: _t,
+    log_parts: _l,
+    log_complete: _c,
+    host: _h,
+    seq: _s,
+    ...rest
+  } = stored
   if (output === undefined) return rest
   const { object: _o, ...shown } = output
   return { ...rest, output: { ...shown, url: outputUrl } }

@@ -590,7 +590,7 @@ describe("google web search with functions", () => {
           searches ? { includeServerSideToolInvocations: true } : undefined,
         )
       }
-      // The whole log: its last part is stored as the machine goes, just after the run ends.
+      // The whole log (the route answers an ended run's log whole).
       const lines = await runLog(stack, acct, run.id)
       const notices = lines.filter((l) => l.kind === "notice")
       if (searches) expect(notices).toEqual([])

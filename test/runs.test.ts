@@ -370,6 +370,23 @@ describe("a run from publish to output", () => {
   }, 120_000)
 })
 
+describe("the log of an ended run", () => {
+  it("read the moment the run is seen ended, ends with its machine's end line, each time", async () => {
+    // The last part is stored as the machine goes, just after the run ends: the route waits for it.
+    const fn = await publish(stack, acct, { timeout_minutes: 60 })
+    for (let i = 0; i < 3; i++) {
+      const run = (await startRun(stack, acct, fn.function)).id
+      expect((await command(stack, acct, run, "finish", { state: "failed" })).state).toBe("succeeded")
+      const deadline = Date.now() + 60_000
+      while ((await getRun(stack, acct, run)).state !== "failed" && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 5))
+      const kinds = (await runLog(stack, acct, run)).map((l) => l.kind)
+      expect(kinds.at(-1), `${kinds.join(" ")}\n${problems()}`).toBe("end")
+      expect(kinds).toContain("finish")
+    }
+  }, 120_000)
+})
+
 describe("each failure cause, produced for real", () => {
   const withInput = async (archive: Uint8Array, manifest: ReadonlyArray<Json> = [{ path: "data.txt" }]) => {
     const fn = await publish(stack, acct, { input_manifest: manifest })

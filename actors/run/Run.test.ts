@@ -197,6 +197,12 @@ describe("run actor: life cycle", () => {
           usage: { compute: { size: "s", seconds: 2 }, model },
         })
         expect(done.failure).toBeUndefined()
+        // The log is whole once the machine's last part is told (here one already counted: the
+        // timer stored the `end` line before the machine's own flush found nothing left).
+        expect(done.log_complete).toBeUndefined()
+        yield* send(create.id, { _tag: "LogPart", n: 2, last: true })
+        const whole = yield* runWhere(account, create.id, (r) => r.log_complete === true, "log complete")
+        expect(whole).toMatchObject({ state: "succeeded", log_parts: 2 })
         // A late failure changes nothing.
         yield* send(create.id, {
           _tag: "Fail",

@@ -808,8 +808,15 @@ export const make = (deps: RunDeps) => {
         }
 
         case "LogPart": {
-          if (run === undefined || m.n <= run.log_parts) return { state: s }
-          const updated: StoredRun = { ...run, log_parts: m.n, seq: ctx.seq }
+          const complete = m.last === true || run?.log_complete === true
+          if (run === undefined || (m.n <= run.log_parts && complete === (run.log_complete === true)))
+            return { state: s }
+          const updated: StoredRun = {
+            ...run,
+            log_parts: Math.max(run.log_parts, m.n),
+            ...(complete ? { log_complete: true } : {}),
+            seq: ctx.seq,
+          }
           yield* project(updated)
           return { state: { ...s, run: updated } }
         }

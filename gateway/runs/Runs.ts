@@ -39,12 +39,17 @@ export { orInternal }
 /**
  * Run route settings: `askTimeoutMs` (`HANGAR_RUN_ASK_TIMEOUT_MS`), how long a start waits for the
  * account actor (`MayStart`) and then the run actor (`Create`) to answer; `pageSize`: runs per page
- * of `GET /v1/runs` (the contract's 50; tests may lower it).
+ * of `GET /v1/runs` (the contract's 50; tests may lower it); `logWaitMs`
+ * (`HANGAR_RUN_LOG_WAIT_MS`): how long after a run's end `GET /v1/runs/{id}/log` waits for its last
+ * part (written as the machine goes: at most the host's end grace, 10 s, and a store write).
  */
 export const RunRouteSettings = defineSettings(
   "gateway/RunRouteSettings",
-  { askTimeoutMs: 10_000, pageSize: 50 },
-  (d) => ({ askTimeoutMs: env.integer("RUN_ASK_TIMEOUT_MS", d.askTimeoutMs) }),
+  { askTimeoutMs: 10_000, pageSize: 50, logWaitMs: 15_000 },
+  (d) => ({
+    askTimeoutMs: env.integer("RUN_ASK_TIMEOUT_MS", d.askTimeoutMs),
+    logWaitMs: env.integer("RUN_LOG_WAIT_MS", d.logWaitMs),
+  }),
 )
 
 /** The `runs` bucket, read side. */

@@ -4,13 +4,18 @@
  * projection); links in answers (`output.url`, log parts) are signed on each read and last 15
  * minutes. A run key reads only runs of the functions it may start, and must name `function` when
  * listing (400 naming `function`; a function outside its list is 403 `key_scope`).
+ *
+ * Decision (the spec is silent): an ended run's log is answered whole. Its last part (the machine's
+ * `end` line) is stored as the machine goes, just after the run is seen ended; the log route waits
+ * for it, up to `logWaitMs` after the end (a host that died never writes it; later reads answer at
+ * once with what there is).
  */
-import { Effect, Layer } from "effect"
+import { Clock, Effect, Layer, Option } from "effect"
 import { mailboxLayer } from "../../core/actors/AccountClient.ts"
 import { Links } from "../../core/Links.ts"
 import { decodeBody } from "../../schema/Decode.ts"
 import { ApiError } from "../../schema/Errors.ts"
-import { ListRunsQuery, Run, RunList, RunLog } from "../../schema/Run.ts"
+import { endedRunStates, ListRunsQuery, Run, RunList, RunLog, type StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
 import { documented } from "../openapi/OpenApi.ts"
@@ -20,7 +25,9 @@ import {
   linkBase,
   listRuns,
   mayUse,
+  orInternal,
   RunRouteSettings,
+  RunStore,
   readRun,
   showRun,
   storeLayer,
@@ -78,7 +85,7 @@ export const routes = [
       access: "member",
       handler: ({ principal, params, headers }) =>
         Effect.gen(function* () {
-          const run = yield* readRun(principal, params.id)
+          const run = yield* wholeLog(yield* readRun(principal, params.id))
           const links = yield* Links
           const base = yield* linkBase(headers)
           const parts = Array.from({ length: run.log_parts }, (_, i) =>
@@ -94,11 +101,27 @@ export const routes = [
         }),
     }),
     {
-      summary: "Links to the run's log parts (JSON lines), in order.",
+      summary:
+        "Links to the run's log parts (JSON lines), in order; a run that just ended is answered once its last part is stored (at most 15 s after its end).",
       response: { status: 200, schema: RunLog },
     },
   ),
 ]
+
+/** `run` once its log is whole, if it ended within `logWaitMs` (at most that long after its end). */
+const wholeLog = (run: StoredRun) =>
+  Effect.gen(function* () {
+    if (!endedRunStates.has(run.state) || run.log_complete === true || run.ended_at === undefined) return run
+    const { logWaitMs } = yield* RunRouteSettings.Tag
+    const left = Date.parse(run.ended_at) + logWaitMs - (yield* Clock.currentTimeMillis)
+    if (!(left > 0)) return run
+    const store = yield* RunStore
+    const whole = yield* orInternal(
+      store.awaitValueUpTo(kvKeys.run(run.account, run.id), (r) => r.log_complete === true, left),
+      "run read",
+    )
+    return Option.getOrElse(whole, () => run)
+  })
 
 /**
  * The group's services (the run store, a mailbox client), given NATS and the storage map. The

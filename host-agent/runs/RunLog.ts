@@ -2,8 +2,9 @@
  * A run's log (spec "Log"): JSON lines `{at, kind, …}` kept in memory as they come and written as
  * parts to the `logs` object store, `<run>.<n>` with `n` from 1, each sealed for the run's account.
  * A part is written every `logFlushMs` while lines wait, and once more when the run's machine ends
- * (`flush`); after each part the run actor hears `LogPart{n}` (message id `<run>:log:<n>`), which
- * is how `GET /v1/runs/{id}/log` knows how many parts there are.
+ * (`end`, after its `end` line); after each part the run actor hears `LogPart{n}` (message id
+ * `<run>:log:<n>`; `last` for the machine's end), which is how `GET /v1/runs/{id}/log` knows how
+ * many parts there are, and that the log is whole.
  *
  * Kinds written by the host agent: `machine` (created; `started_over` when an earlier life of the
  * host agent died before the run's first machine was ready), `adopted` (a later life of the host
@@ -33,6 +34,8 @@ export interface RunLog {
   readonly append: (kind: string, fields?: Readonly<Record<string, unknown>>) => Effect.Effect<void>
   /** Writes the waiting lines as the next part, if any wait; a failure is logged and the lines kept. */
   readonly flush: Effect.Effect<void>
+  /** As `flush`, for the last part, written as the machine ends: the run actor hears the log is whole. */
+  readonly end: Effect.Effect<void>
   /** Parts stored so far. */
   readonly parts: Effect.Effect<number>
 }
@@ -58,30 +61,48 @@ export const make = (options: {
         lines.push(`${JSON.stringify({ at: timestamp(now), kind, ...fields })}\n`)
       })
 
-    const write = Effect.gen(function* () {
-      // A count, not the array: lines appended while the part is stored stay for the next one.
-      const taken = lines.length
-      if (taken === 0) return
-      const n = stored + 1
-      const name = kvKeys.logPart(options.run, n)
-      const logs = yield* ObjectStore.make(names.objects.logs.name)
-      const data = Buffer.from(lines.slice(0, taken).join(""))
-      yield* logs.put(name, Stream.make(data).pipe(seal.seal(options.account, name)))
-      yield* Mailbox.send(Run, options.run, { _tag: "LogPart", n }, { msgId: `${options.run}:log:${n}` })
-      stored = n
-      lines = lines.slice(taken)
-    })
+    const write = (last: boolean) =>
+      Effect.gen(function* () {
+        // A count, not the array: lines appended while the part is stored stay for the next one.
+        const taken = lines.length
+        if (taken === 0) {
+          // The last lines went with a part the timer wrote meanwhile: that one is the last.
+          if (last && stored > 0)
+            yield* Mailbox.send(
+              Run,
+              options.run,
+              { _tag: "LogPart", n: stored, last },
+              { msgId: `${options.run}:log:${stored}:last` },
+            )
+          return
+        }
+        const n = stored + 1
+        const name = kvKeys.logPart(options.run, n)
+        const logs = yield* ObjectStore.make(names.objects.logs.name)
+        const data = Buffer.from(lines.slice(0, taken).join(""))
+        yield* logs.put(name, Stream.make(data).pipe(seal.seal(options.account, name)))
+        yield* Mailbox.send(
+          Run,
+          options.run,
+          { _tag: "LogPart", n, ...(last ? { last } : {}) },
+          { msgId: `${options.run}:log:${n}` },
+        )
+        stored = n
+        lines = lines.slice(taken)
+      })
 
-    const flush = write.pipe(
-      Effect.catchAll((e) =>
-        Effect.logWarning("run log part not stored; its lines wait for the next").pipe(
-          Effect.annotateLogs({ run: options.run, error: e._tag, message: e.message }),
+    const written = (last: boolean) =>
+      write(last).pipe(
+        Effect.catchAll((e) =>
+          Effect.logWarning("run log part not stored; its lines wait for the next").pipe(
+            Effect.annotateLogs({ run: options.run, error: e._tag, message: e.message }),
+          ),
         ),
-      ),
-      Effect.provide(services),
-      lock.withPermits(1),
-      Effect.uninterruptible,
-    )
+        Effect.provide(services),
+        lock.withPermits(1),
+        Effect.uninterruptible,
+      )
+    const flush = written(false)
 
     // Interruptible even when started from an uninterruptible region (the host actor's handler).
     yield* Effect.sleep(options.flushMs).pipe(
@@ -91,5 +112,5 @@ export const make = (options: {
       Effect.forkScoped,
     )
 
-    return { append, flush, parts: Effect.sync(() => stored) } satisfies RunLog
+    return { append, flush, end: written(true), parts: Effect.sync(() => stored) } satisfies RunLog
   })

@@ -1076,7 +1076,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           "end",
           failure === undefined ? {} : { failure: failure.failure, detail: failure.detail },
         )
-        yield* log.flush
+        yield* log.end
         yield* ScopeOps.close(scope, Exit.void)
         yield* capacity.release(runId)
         yield* send(

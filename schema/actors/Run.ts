@@ -11,7 +11,7 @@
  *   Ready          (host)          the machine is up, input unpacked, setup done (logged)
  *   Succeed        (host)          finish/submit matched the manifest and the output is stored → succeeded
  *   Fail           (anyone)        → failed with `failure` and `detail` (input, setup, no_submission, …)
- *   LogPart        (host)          log part `n` is stored (`log_parts` = max n)
+ *   LogPart        (host)          log part `n` is stored (`log_parts` = max n); `last`: the one with `end`
  *   Usage          (agent loop)    model usage so far (replaces the model counters)
  *   QueueTimeout, Timeout, Bill, CommandWatch   the actor's own timers
  *
@@ -89,8 +89,14 @@ export const Fail = Schema.TaggedStruct("Fail", {
   message: Schema.optional(Schema.String),
   at: Timestamp,
 })
-/** Log part `n` is stored in the `logs` store as `<run>.<n>`. */
-export const LogPart = Schema.TaggedStruct("LogPart", { n: IntAtLeast(1) })
+/**
+ * Log part `n` is stored in the `logs` store as `<run>.<n>`; `last` when it is the one written as
+ * the machine went (its `end` line): the log is whole.
+ */
+export const LogPart = Schema.TaggedStruct("LogPart", {
+  n: IntAtLeast(1),
+  last: Schema.optional(Schema.Boolean),
+})
 /** The model usage so far (the agent loop sends running totals). */
 export const Usage = Schema.TaggedStruct("Usage", { model: RunUsage.fields.model })
 /** Timer: 15 minutes (setting) after creation; fails a run still queued with `infrastructure`. */

@@ -822,21 +822,16 @@ export const publish = async (
   )
 
 /**
- * Run `run`'s whole log, as JSON lines: once its `end` line is there, or what there is after 30 s
- * (its last part is stored as its machine goes, just after the run ends).
+ * Run `run`'s log as one `GET /v1/runs/{id}/log` answers it, as JSON lines (an ended run's log is
+ * answered whole: the route waits for the part its machine writes as it goes).
  */
 export const runLog = async (stack: Stack, account: TestAccount, run: string): Promise<Array<Json>> => {
-  const deadline = Date.now() + 30_000
-  for (;;) {
-    const log = await call(stack, "GET", `/v1/runs/${run}/log`, account.owner)
-    if (log.status !== 200) throw new Error(`GET /v1/runs/${run}/log: ${log.status} ${log.text}`)
-    const lines = (await Promise.all(log.body.parts.map((u: string) => request(u))))
-      .flatMap((p) => p.data.toString("utf8").split("\n"))
-      .filter((l) => l !== "")
-      .map((l) => JSON.parse(l) as Json)
-    if (lines.some((l) => l.kind === "end") || Date.now() > deadline) return lines
-    await new Promise((r) => setTimeout(r, 100))
-  }
+  const log = await call(stack, "GET", `/v1/runs/${run}/log`, account.owner)
+  if (log.status !== 200) throw new Error(`GET /v1/runs/${run}/log: ${log.status} ${log.text}`)
+  return (await Promise.all(log.body.parts.map((u: string) => request(u))))
+    .flatMap((p) => p.data.toString("utf8").split("\n"))
+    .filter((l) => l !== "")
+    .map((l) => JSON.parse(l) as Json)
 }
 
 /** Uploads `data` (POST /v1/files, then the signed PUT); answers the upload id. */
