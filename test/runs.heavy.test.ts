@@ -277,7 +277,13 @@ describe("a host with no room", () => {
   let acct: TestAccount
 
   beforeAll(async () => {
-    stack = await startStack({ hostVcpus: 1, queueTimeoutMs: 3_000 })
+    // The log route's wait for a last part made an hour: a read that waited for one from a run no
+    // host took would outlast the test.
+    stack = await startStack({
+      hostVcpus: 1,
+      queueTimeoutMs: 3_000,
+      settings: { RUN_LOG_WAIT_MS: 3_600_000 },
+    })
     acct = await createAccount(stack, { creditUsd: 10 })
   }, 120_000)
 
@@ -292,6 +298,8 @@ describe("a host with no room", () => {
     expect(ended, problems(stack)).toMatchObject({ state: "failed", failure: "infrastructure" })
     expect(ended.started_at).toBeUndefined()
     expect(ended.detail).toBeTruthy()
+    // No machine, no log: answered at once, empty.
+    expect(await runLog(stack, acct, waiting)).toEqual([])
     await command(stack, acct, holder, "finish", { state: "failed" })
     await waitRun(stack, acct, holder)
     const usage = await call(stack, "GET", "/v1/usage", acct.owner)

@@ -108,10 +108,20 @@ export const routes = [
   ),
 ]
 
-/** `run` once its log is whole, if it ended within `logWaitMs` (at most that long after its end). */
+/**
+ * `run` once its log is whole, if a host took it and it ended within `logWaitMs` (at most that long
+ * after its end).
+ */
 const wholeLog = (run: StoredRun) =>
   Effect.gen(function* () {
-    if (!endedRunStates.has(run.state) || run.log_complete === true || run.ended_at === undefined) return run
+    // A run no host took (it ended queued) has no machine to write a log.
+    if (
+      !endedRunStates.has(run.state) ||
+      run.log_complete === true ||
+      run.host === undefined ||
+      run.ended_at === undefined
+    )
+      return run
     const { logWaitMs } = yield* RunRouteSettings.Tag
     const left = Date.parse(run.ended_at) + logWaitMs - (yield* Clock.currentTimeMillis)
     if (!(left > 0)) return run
