@@ -3,7 +3,7 @@
  * the real binary) against the whole stack, so the walk-through a new user follows keeps working.
  */
 import { spawn } from "node:child_process"
-import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, expect, it } from "vitest"
@@ -19,7 +19,12 @@ beforeAll(async () => {
   acct = await createAccount(stack)
 }, 120_000)
 
-afterAll(() => closeStack(stack), 120_000)
+// The walk-through's folders, removed with the file's end.
+const made: Array<string> = []
+afterAll(async () => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true })
+  await closeStack(stack)
+}, 120_000)
 
 /** The shell block of the README's walk-through. */
 const walkThrough = (): string => {
@@ -36,6 +41,7 @@ it("the README's first run works as written: publish, run with input, exec, fini
   const dir = mkdtempSync(join(tmpdir(), "hangar-readme-"))
   // `npx hangar` is the binary of this checkout (npx itself would look it up in the project).
   const shims = mkdtempSync(join(tmpdir(), "hangar-readme-bin-"))
+  made.push(dir, shims)
   writeFileSync(
     join(shims, "npx"),
     `#!/bin/sh\n[ "$1" = hangar ] || { echo "unexpected npx $*" >&2; exit 99; }\nshift\nexec "${process.execPath}" "${bin}" "$@"\n`,

@@ -3,10 +3,11 @@
  * stack (real NATS, real gateway, real host agent): sign-in links, the session cookie and its CSRF
  * token, the CLI login approval page with the real `hangar login`, a run followed live from queued
  * to succeeded and its output downloaded, keys, and what a member sees. One stack and one browser
- * for the file. Screenshots of each main page go to a temporary folder, printed for people to see.
+ * for the file. Screenshots of each main page go to a temporary folder, removed with the file's
+ * end; `HANGAR_TEST_CONSOLE_SHOTS=<folder>` keeps them there for people to see.
  */
 import { createHash, randomBytes } from "node:crypto"
-import { mkdtempSync, readFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Effect, Exit, Scope } from "effect"
@@ -43,7 +44,10 @@ let openai: OpenAiFake.OpenAiFake
 let payments: PaymentFake.PaymentFake
 const scope = Effect.runSync(Scope.make())
 const VENDOR_KEY = `sk-console-${randomBytes(8).toString("hex")}`
-const shots = mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
+const keptShots = process.env.HANGAR_TEST_CONSOLE_SHOTS
+if (keptShots !== undefined) mkdirSync(keptShots, { recursive: true })
+const shots = keptShots ?? mkdtempSync(join(tmpdir(), "hangar-console-shots-"))
+
 /** What the pages logged as errors (a CSP violation, a script failure). */
 const pageErrors: Array<string> = []
 
@@ -119,6 +123,7 @@ afterAll(async () => {
   await browser?.close()
   await closeStack(stack)
   await Effect.runPromise(Scope.close(scope, Exit.void))
+  if (keptShots === undefined) rmSync(shots, { recursive: true, force: true })
 }, 300_000)
 
 describe("sign-in", { timeout: 240_000 }, () => {

@@ -6,6 +6,7 @@ import { spawn } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { afterAll } from "vitest"
 import { root } from "../../deploy/tools.mjs"
 
 /** The binary's path. */
@@ -34,16 +35,19 @@ export interface RunOptions {
 
 let homes: string | undefined
 
+// Removed after the test file that made them (imported by a test file, this registers on its
+// suite). An exit handler did not run: vitest ends its forked workers with a signal.
+afterAll(() => {
+  if (homes !== undefined) rmSync(homes, { recursive: true, force: true })
+  homes = undefined
+})
+
 /**
  * A fresh config folder (`XDG_CONFIG_HOME`), so no test sees another's saved key. They are made in
- * one temporary folder per test process, removed when the process exits.
+ * one temporary folder per test file, removed after it.
  */
 export const configHome = (): string => {
-  if (homes === undefined) {
-    const made = mkdtempSync(join(tmpdir(), "hangar-cli-config-"))
-    homes = made
-    process.once("exit", () => rmSync(made, { recursive: true, force: true }))
-  }
+  homes ??= mkdtempSync(join(tmpdir(), "hangar-cli-config-"))
   return mkdtempSync(join(homes, "home-"))
 }
 
