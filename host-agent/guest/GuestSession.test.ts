@@ -7,6 +7,7 @@ import { leftovers, newKeys, testDriverSettings, testId } from "../machines/name
 import { READ_MAX_BYTES } from "./Files.ts"
 import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
 import { IMAGE_MAX_BYTES } from "./Images.ts"
+import { testGuest } from "./testing.ts"
 
 const driver = make(testDriverSettings)
 const keys = newKeys()
@@ -150,6 +151,24 @@ describe("bash", () => {
     expect((await bash("pgrep -x sleep | wc -l")).output).toBe("0\n")
   })
 
+  it("a waiting wrapper killed (the OOM killer's first pick) costs the next command nothing: it runs whole", async () => {
+    // Between commands the only processes in command slots are the session's waiting wrapper.
+    const killWaiting = `for cg in /sys/fs/cgroup/memory/p*; do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -gt 0 ] && kill -9 "\${ps[@]}"; done; true`
+    for (let i = 0; i < 5; i++) {
+      expect((await bash("true")).exit_code).toBe(0)
+      const { channel, exit } = await run(guest.channel(killWaiting))
+      channel.resume()
+      channel.stderr.resume()
+      channel.end()
+      expect((await exit).code).toBe(0)
+      expect(await bash(`echo whole-${i}`)).toMatchObject({
+        exit_code: 0,
+        output: `whole-${i}\n`,
+        oom_killed: false,
+      })
+    }
+  })
+
   it("runs commands concurrently", async () => {
     const [waiter, setter] = await run(
       Effect.all(
@@ -166,6 +185,42 @@ describe("bash", () => {
     expect(waiter.output).toBe("got\n")
     expect(setter.output).toBe("set\n")
   })
+})
+
+describe("a session taking a machine over (clearLeftovers)", () => {
+  it("kills what the earlier session's commands left running, and its own first command runs whole", async () => {
+    // A machine of its own: taking over kills what every other session has in its command slots.
+    const tg = await testGuest("takeover")
+    try {
+      const endpoint = { ...tg.machine.ssh, privateKey: tg.privateKey }
+      // The earlier session's command, left running when its connection goes.
+      const left = Effect.runFork(tg.guest.bash({ command: "echo $$ > /workspace/left.pid; exec sleep 300" }))
+      let pid = ""
+      for (let i = 0; i < 500 && pid === ""; i++) {
+        const read = await Effect.runPromiseExit(tg.guest.read({ file_path: "left.pid" }))
+        if (Exit.isSuccess(read) && "output" in read.value) pid = read.value.output.trim()
+        if (pid === "") await new Promise((r) => setTimeout(r, 20))
+      }
+      expect(pid).toMatch(/^\d+$/)
+      // Three sessions in turn take the machine over; each one's first command runs whole.
+      for (let i = 0; i < 3; i++) {
+        const s = Effect.runSync(Scope.make())
+        const taker = await run(Scope.extend(connect(endpoint, { clearLeftovers: true }), s))
+        expect(await run(taker.bash({ command: "echo whole" }))).toMatchObject({
+          exit_code: 0,
+          output: "whole\n",
+        })
+        expect(
+          (await run(taker.bash({ command: `kill -0 ${pid} 2>/dev/null && echo alive || echo gone` })))
+            .output,
+        ).toBe("gone\n")
+        await run(Scope.close(s, Exit.void))
+      }
+      await Effect.runPromise(Fiber.interrupt(left))
+    } finally {
+      expect(await tg.close()).toEqual([])
+    }
+  }, 120_000)
 })
 
 describe("read", () => {

@@ -163,10 +163,11 @@ const killCommand = (k: number) => `cg=/sys/fs/cgroup/memory/p${k}; ${killLoop}`
 
 /**
  * Kills every process left in any command slot by an earlier session (a host agent that died with
- * commands running: their processes outlive its connection). Only for a session that has run no
- * command yet, whose own slots are all empty.
+ * commands running: their processes outlive its connection). Only before the session has opened a
+ * wrapper of its own (`connect` with `clearLeftovers`): it would kill that one too, and the first
+ * command would run in a wrapper already dead.
  */
-export const killLeftovers = (guest: GuestSession): Effect.Effect<void, GuestUnavailable> =>
+const killLeftovers = (guest: GuestSession): Effect.Effect<void, GuestUnavailable> =>
   Effect.flatMap(
     guest.channel(`for cg in /sys/fs/cgroup/memory/p*; do [ -d "$cg" ] || continue; ${killLoop}; done`),
     ({ channel, exit }) =>
@@ -322,8 +323,11 @@ const runBash = (
 ) =>
   Effect.async<BashResult, GuestUnavailable>((resume) => {
     let slot = -1
-    const keeper = new OutputKeeper()
+    let keeper = new OutputKeeper()
     let control = ""
+    // Wrappers tried: one that ended before it took the arguments ran nothing, and the command goes
+    // to a fresh one (once).
+    let tries = 0
     let markStarted: () => void = () => undefined
     // Killing is only sure once the command is inside its cgroup (or already over).
     const started = new Promise<void>((ok) => {
@@ -352,65 +356,77 @@ const runBash = (
       timedOut = true
       void killAll()
     }, args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS)
-    wrappers.take().then(
-      (spare) => {
-        const ch = spare.channel
-        // Cancelled before a wrapper was ready: it gets no arguments, so it runs nothing.
-        if (finished) {
-          if (spare.closed) wrappers.give(spare, undefined)
-          else ch.once("close", () => wrappers.give(spare, undefined))
-          return void ch.end()
-        }
-        slot = spare.slot
-        channel = ch
-        closed = spare.closed ? Promise.resolve() : new Promise((ok) => ch.once("close", () => ok()))
-        ch.on("data", (chunk: Buffer) => {
-          keeper.push(chunk)
-          onOutput?.(chunk)
-        })
-        ch.stderr.on("data", (chunk: Buffer) => {
-          control += chunk.toString("latin1")
-          if (/pid \d+\n/.test(control)) markStarted()
-        })
-        const onClose = () => {
-          markStarted()
-          clearTimeout(timer)
-          wrappers.give(spare, kill)
-          if (finished) return
-          finished = true
-          const end = /end (\d+) (-?\d+)/.exec(control)
-          // A kill loop that ran (timeout) ends first: the command is over when nothing of it is left.
-          const answer = (result: Effect.Effect<BashResult, GuestUnavailable>) =>
-            kill === undefined ? resume(result) : void kill.then(() => resume(result))
-          if (!end)
-            return answer(
-              Effect.fail(
-                new GuestUnavailable({ detail: `bash ended without a status: ${control.slice(-500)}` }),
-              ),
-            )
-          const kept = keeper.result()
-          answer(
-            Effect.succeed({
-              exit_code: Number(end[1]),
-              ...kept,
-              timed_out: timedOut,
-              oom_killed: Number(end[2]) > 0,
-            }),
-          )
-        }
-        if (spare.closed) onClose()
-        else ch.once("close", onClose)
-        const fields = [posix.resolve(Files.WORKSPACE, args.workdir ?? "."), args.command]
-        for (const [k, v] of Object.entries(args.env ?? {})) fields.push(`${k}=${v}`)
-        ch.end(Buffer.from(fields.map((f) => `${f}\0`).join(""), "utf8"))
-      },
-      (e) => {
+    const begin = (): Promise<void> =>
+      wrappers.take().then(onSpare, (e) => {
         markStarted()
         clearTimeout(timer)
         finished = true
         resume(Effect.fail(unavailable(e)))
-      },
-    )
+      })
+    const onSpare = (spare: Spare): void => {
+      tries++
+      const ch = spare.channel
+      // Cancelled before a wrapper was ready: it gets no arguments, so it runs nothing.
+      if (finished) {
+        if (spare.closed) wrappers.give(spare, undefined)
+        else ch.once("close", () => wrappers.give(spare, undefined))
+        return void ch.end()
+      }
+      slot = spare.slot
+      channel = ch
+      closed = spare.closed ? Promise.resolve() : new Promise((ok) => ch.once("close", () => ok()))
+      ch.on("data", (chunk: Buffer) => {
+        keeper.push(chunk)
+        onOutput?.(chunk)
+      })
+      ch.stderr.on("data", (chunk: Buffer) => {
+        control += chunk.toString("latin1")
+        if (/pid \d+\n/.test(control)) markStarted()
+      })
+      const onClose = () => {
+        // No `pid`: the wrapper ended before it took the arguments, so the command never started
+        // (its waiting subshell was killed: the OOM killer picks it first, being marked so).
+        // Not a result of the command's: it goes to a fresh wrapper.
+        if (!finished && kill === undefined && tries < 2 && !/pid \d+\n/.test(control)) {
+          wrappers.give(spare, undefined)
+          control = ""
+          keeper = new OutputKeeper()
+          channel = undefined
+          void begin()
+          return
+        }
+        markStarted()
+        clearTimeout(timer)
+        wrappers.give(spare, kill)
+        if (finished) return
+        finished = true
+        const end = /end (\d+) (-?\d+)/.exec(control)
+        // A kill loop that ran (timeout) ends first: the command is over when nothing of it is left.
+        const answer = (result: Effect.Effect<BashResult, GuestUnavailable>) =>
+          kill === undefined ? resume(result) : void kill.then(() => resume(result))
+        if (!end)
+          return answer(
+            Effect.fail(
+              new GuestUnavailable({ detail: `bash ended without a status: ${control.slice(-500)}` }),
+            ),
+          )
+        const kept = keeper.result()
+        answer(
+          Effect.succeed({
+            exit_code: Number(end[1]),
+            ...kept,
+            timed_out: timedOut,
+            oom_killed: Number(end[2]) > 0,
+          }),
+        )
+      }
+      if (spare.closed) onClose()
+      else ch.once("close", onClose)
+      const fields = [posix.resolve(Files.WORKSPACE, args.workdir ?? "."), args.command]
+      for (const [k, v] of Object.entries(args.env ?? {})) fields.push(`${k}=${v}`)
+      ch.end(Buffer.from(fields.map((f) => `${f}\0`).join(""), "utf8"))
+    }
+    void begin()
     // Cancel: kill every process of the command (its cgroup), then wait for the wrapper to finish.
     return Effect.promise(async () => {
       clearTimeout(timer)
@@ -424,16 +440,20 @@ const runBash = (
 const sftpOf = (client: ssh2.Client) =>
   new Promise<SFTPWrapper>((ok, fail) => client.sftp((err, sftp) => (err ? fail(err) : ok(sftp))))
 
-/** Opens the session (retrying while sshd starts, up to `readyTimeoutMs`); the connection ends with the scope. */
+/**
+ * Opens the session (retrying while sshd starts, up to `readyTimeoutMs`); the connection ends with
+ * the scope. With `clearLeftovers` (a session taking over a machine an earlier one ran commands
+ * on), what those commands left running is killed before the session's first wrapper is opened.
+ */
 export const connect = (
   endpoint: GuestEndpoint,
-  readyTimeoutMs = 10_000,
+  options: { readonly readyTimeoutMs?: number; readonly clearLeftovers?: boolean } = {},
 ): Effect.Effect<GuestSession, GuestUnavailable, Scope.Scope> =>
   Effect.gen(function* () {
     const client = yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: async () => {
-          const until = Date.now() + readyTimeoutMs
+          const until = Date.now() + (options.readyTimeoutMs ?? 10_000)
           for (;;) {
             try {
               return await connectOnce(endpoint)
@@ -492,7 +512,7 @@ export const connect = (
     // file channel cost a connect ~45 ms: the guest's sshd does not turn Nagle off for a session
     // without a terminal, so its answers wait on this side's delayed ACK.
     fileChannel().catch(() => undefined)
-    wrappers.prime()
+    if (options.clearLeftovers !== true) wrappers.prime()
     // A call sent on a channel that was already closing (the machine closed it for an earlier
     // request) is tried once more on a new one when doing it twice is harmless: read, list, and
     // write (it replaces the whole file). An edit is not tried again.
@@ -516,7 +536,7 @@ export const connect = (
           },
           catch: unavailable,
         })
-    return {
+    const session = {
       bash: (args, onOutput) => {
         const invalid = validate(args)
         return invalid ? Effect.fail(invalid) : runBash(client, wrappers, args, onOutput)
@@ -536,4 +556,9 @@ export const connect = (
           catch: unavailable,
         }),
     } satisfies GuestSession
+    if (options.clearLeftovers === true) {
+      yield* killLeftovers(session)
+      wrappers.prime()
+    }
+    return session
   })

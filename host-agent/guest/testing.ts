@@ -14,6 +14,8 @@ import { BLOCK } from "./Tar.ts"
 export interface TestGuest {
   readonly machine: Machine
   readonly guest: GuestSession
+  /** The key a session logs in with (for more sessions to the machine). */
+  readonly privateKey: string
   readonly close: () => Promise<ReadonlyArray<string>>
 }
 
@@ -53,7 +55,7 @@ export const testGuest = async (
     await close()
     throw new Error(String(made.cause))
   }
-  return { ...made.value, close }
+  return { ...made.value, privateKey: keys.client.private, close }
 }
 
 /** The typed view of one object store of the test storage. */

@@ -80,7 +80,7 @@ import * as Bases from "../bases/Bases.ts"
 import { BasesSettings } from "../bases/Bases.ts"
 import * as Dispatcher from "../commands/Dispatcher.ts"
 import type { CommandContext, Outcome } from "../commands/Executor.ts"
-import { connect, type GuestSession, killLeftovers } from "../guest/GuestSession.ts"
+import { connect, type GuestSession } from "../guest/GuestSession.ts"
 import * as Inputs from "../guest/Inputs.ts"
 import * as Outputs from "../guest/Outputs.ts"
 import * as Setup from "../guest/Setup.ts"
@@ -608,24 +608,24 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               ),
             ),
           )
-          guest = yield* connected(
-            machine,
-            clientKey,
-            "the host agent restarted; reconnecting to the machine",
-          )
-          // What the earlier life's commands left running is ended before any new command starts.
-          yield* killLeftovers(guest).pipe(
+          // What the earlier life's commands left running is ended as the session opens, before
+          // it opens a command wrapper of its own (which the clearing would kill too).
+          guest = yield* connect({ ...machine.ssh, privateKey: clientKey }, { clearLeftovers: true }).pipe(
+            ScopeOps.extend(scope),
             Effect.timeoutFail({
-              duration: Duration.seconds(30),
+              duration: Duration.seconds(40),
               onTimeout: () =>
-                lifeFailed("infrastructure", "the host agent restarted; the earlier commands did not end"),
+                lifeFailed(
+                  "infrastructure",
+                  "the host agent restarted; the machine did not answer or its earlier commands did not end",
+                ),
             }),
             Effect.mapError((e) =>
               e instanceof LifeFailed
                 ? e
                 : lifeFailed(
                     "infrastructure",
-                    `the host agent restarted; ending the earlier commands: ${e.detail}`,
+                    `the host agent restarted; reconnecting to the machine and ending its earlier commands: ${e.detail}`,
                   ),
             ),
           )

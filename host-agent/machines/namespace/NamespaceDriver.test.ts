@@ -132,7 +132,7 @@ describe("namespace driver", () => {
           const machine = yield* scopedOn(driver, s)
           return yield* connect(
             { ...machine.ssh, hostKey: other.public, privateKey: keys.client.private },
-            2_000,
+            { readyTimeoutMs: 2_000 },
           )
         }),
       ),
