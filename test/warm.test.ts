@@ -8,10 +8,11 @@
 
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { leftovers } from "../host-agent/machines/namespace/testing.ts"
 import {
+  call,
   command,
   createAccount,
   type Json,
@@ -67,6 +68,16 @@ describe("warm machines", () => {
   afterAll(async () => {
     if (stack !== undefined) expect(await stack.close()).toEqual([])
   }, 180_000)
+  // A test that failed midway leaves its runs running: ended here, so their room does not keep the
+  // next test's warm machine from being made.
+  afterEach(async () => {
+    const listed = await call(stack, "GET", "/v1/runs?state=active", acct.admin)
+    expect(listed.status).toBe(200)
+    for (const run of listed.body.runs as Array<Json>) {
+      await command(stack, acct, String(run.id), "finish", { state: "failed" }).catch(() => undefined)
+      await waitRun(stack, acct, String(run.id), { timeoutMs: 60_000 })
+    }
+  }, 180_000)
 
   const finish = async (run: string) => {
     await command(stack, acct, run, "bash", { command: "echo ok > /workspace/out/result.txt" })
@@ -112,24 +123,18 @@ describe("warm machines", () => {
     const first = (await startRun(stack, acct, fn.function)).id
     await until("the first run's take", () => warmEvents(stack, "warm machine taken").length > takenBefore)
     // The pool (of one) began its next machine as the first run took the ready one; the second run
-    // is placed well before that machine is booted (a create takes 150 ms or more here).
-    const linesAtSecond = stack.lines.length
+    // comes while that machine is being made.
     const second = (await startRun(stack, acct, fn.function)).id
     const ran = await command(stack, acct, second, "bash", { command: "true" })
     expect(ran, problems(stack)).toMatchObject({ state: "succeeded" })
+    // The second run took the machine the pool began for it, not one of its own. (Whether it
+    // waited for it or found it ready depends on how long its placement took; that a take waits
+    // for a machine being made is WarmPool.test.ts's to show, where the timing is held.)
     const made = warmEvents(stack, "warm machine ready")[readyBefore]
     expect(warmEvents(stack, "warm machine taken").slice(takenBefore)).toEqual([
       warmEvents(stack, "warm machine ready")[readyBefore - 1],
       made,
     ])
-    // It waited for that machine, unless the machine was ready before the second run was started.
-    const takeLine = stack.lines.find((l) =>
-      l.line.includes(`"msg":"warm machine taken","machine":"${made}"`),
-    )
-    const readyEarly = stack.lines
-      .slice(0, linesAtSecond)
-      .some((l) => l.line.includes(`"msg":"warm machine ready","machine":"${made}"`))
-    expect(readyEarly || /"waited_ms":\d+/.test(takeLine?.line ?? "")).toBe(true)
     expect(await finish(first)).toMatchObject({ state: "succeeded" })
     expect(await finish(second)).toMatchObject({ state: "succeeded" })
     expect(await machineLine(second)).toMatchObject({ kind: "machine", size: "m", warm: true })
