@@ -37,6 +37,7 @@ import {
   Cause,
   Clock,
   type Context,
+  Data,
   Deferred,
   Duration,
   Effect,
@@ -138,6 +139,10 @@ class LifeFailed extends Schema.TaggedError<LifeFailed>()("LifeFailed", {
   detail: Schema.String,
 }) {}
 const lifeFailed = (failure: RunFailure, detail: string) => new LifeFailed({ failure, detail })
+
+// A command the watch delivered and the life could not take (kept apart from the watch's own
+// failures, which are retried: its error is not a \`cause\`, so it is never taken for NATS's).
+class Untaken extends Data.TaggedError("Untaken")<{ readonly error: { readonly _tag: string } }> {}
 
 // The error text of a tagged error, for details and command errors.
 const describe = (e: { readonly _tag: string }): string => {
@@ -953,10 +958,14 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             )
           })
 
-        yield* commands
-          .watchEach(
+        // The watch goes on through an outage of NATS: opened again one past the last change it
+        // delivered (every change before that one was handled whole). A command it could not take
+        // fails the life as before (\`Untaken\`: not retried, its change would not come again).
+        const watchCommands = Effect.suspend(() =>
+          commands.watchEach(
             kvKeys.commandsOf(runId),
             {
+              ...(watched > 0 ? { fromRevision: watched + 1 } : {}),
               skip: (_key, revision) => {
                 watched = revision
                 return ownWrites.delete(revision)
@@ -964,14 +973,21 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             },
             (change) =>
               change._tag === "Put"
-                ? feedLock.withPermits(1)(take(change.value, change.revision))
+                ? feedLock
+                    .withPermits(1)(take(change.value, change.revision))
+                    .pipe(Effect.mapError((error) => new Untaken({ error })))
                 : Effect.void,
-          )
-          .pipe(
-            Effect.mapError((e) =>
-              lifeFailed("infrastructure", `watching the run's commands: ${describe(e)}`),
+          ),
+        )
+        yield* watchCommands.pipe(
+          whileStoreAway,
+          Effect.mapError((e) =>
+            lifeFailed(
+              "infrastructure",
+              `watching the run's commands: ${describe(e instanceof Untaken ? e.error : e)}`,
             ),
-          )
+          ),
+        )
       })
 
     const lifeFiber = yield* life((d) => Deferred.succeed(dispatcherReady, d)).pipe(
