@@ -648,6 +648,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             { store: files, account: run.account, name: run.input },
             { diskBytes: machine.limits.diskBytes },
           ).pipe(
+            // Again while NATS does not answer: a failed unpack removed what it had unpacked.
+            whileStoreAway,
             Effect.tapError((e) => log.append("input", { upload: run.input, error: describe(e) })),
             Effect.mapError(inputFailure),
           )
