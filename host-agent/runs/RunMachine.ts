@@ -141,7 +141,7 @@ class LifeFailed extends Schema.TaggedError<LifeFailed>()("LifeFailed", {
 const lifeFailed = (failure: RunFailure, detail: string) => new LifeFailed({ failure, detail })
 
 // A command the watch delivered and the life could not take (kept apart from the watch's own
-// failures, which are retried: its error is not a \`cause\`, so it is never taken for NATS's).
+// failures, which are retried: its error is not a `cause`, so it is never taken for NATS's).
 class Untaken extends Data.TaggedError("Untaken")<{ readonly error: { readonly _tag: string } }> {}
 
 // The error text of a tagged error, for details and command errors.
@@ -962,7 +962,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
 
         // The watch goes on through an outage of NATS: opened again one past the last change it
         // delivered (every change before that one was handled whole). A command it could not take
-        // fails the life as before (\`Untaken\`: not retried, its change would not come again).
+        // fails the life as before (`Untaken`: not retried, its change would not come again).
         const watchCommands = Effect.suspend(() =>
           commands.watchEach(
             kvKeys.commandsOf(runId),
