@@ -267,8 +267,17 @@ const endChild = (child: ChildProcess, signal: NodeJS.Signals) =>
 // A role that has not closed in this long is left (the test then reports what it left behind). On
 // a loaded machine a host agent removing its machines took over 30 s, and a close cut short there
 // reported a half-removed machine folder as a leak.
-const closeScope = (scope: Scope.CloseableScope) =>
-  Effect.runPromise(Scope.close(scope, Exit.void).pipe(Effect.timeout(Duration.seconds(90)), Effect.ignore))
+/** Closes a role's scope, giving up after 90 s and saying which one did not close (`what`). */
+const closeScope = (scope: Scope.CloseableScope, what = "a scope") =>
+  Effect.runPromise(
+    Scope.close(scope, Exit.void).pipe(
+      Effect.timeout(Duration.seconds(90)),
+      Effect.tapError(() =>
+        Effect.sync(() => console.error(`stack: ${what} did not close within 90 s; going on without it`)),
+      ),
+      Effect.ignore,
+    ),
+  )
 
 /** NATS the stack did not start (`StackOptions.natsUrl`): the stack neither kills nor stops it. */
 const outsideNats = (url: string) => {
@@ -420,7 +429,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
       ),
     )
     if (Exit.isFailure(exit)) {
-      await closeScope(scope)
+      await closeScope(scope, `the ${role} role that did not start`)
       throw new Error(`${role} did not start: ${String(exit.cause)}`)
     }
     return { _tag: "InProcess" as const, scope, context: exit.value as Context.Context<never> }
@@ -454,7 +463,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     if (piece === undefined) return
     pieces.delete(role)
     if (piece._tag === "Child") return endChild(piece.child, "SIGTERM")
-    await closeScope(piece.scope)
+    await closeScope(piece.scope, `the ${role} role`)
   }
   const kill = async (role: Role) => {
     const piece = pieces.get(role)
@@ -465,7 +474,7 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
     if (piece._tag === "Child") return endChild(piece.child, "SIGKILL")
     const { connection } = Context.get(piece.context as Context.Context<Nats.Nats>, Nats.Nats)
     await connection.close().catch(() => {})
-    await closeScope(piece.scope)
+    await closeScope(piece.scope, `the killed ${role} role`)
   }
 
   const clientLayer = Layer.mergeAll(Accounts.layer, AccountClient.mailboxLayer).pipe(
@@ -520,8 +529,8 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
   const closeAll = async () => {
     await Promise.all([...extras].map((c) => endChild(c, "SIGTERM")))
     for (const role of ["gateway", "relay", "host", "actors"] as const) await stop(role)
-    await closeScope(client.scope)
-    if (shared !== undefined) await closeScope(shared.scope)
+    await closeScope(client.scope, "the test client")
+    if (shared !== undefined) await closeScope(shared.scope, "the shared connection")
     await nats.stop()
     await rm(dir, { recursive: true, force: true })
   }
