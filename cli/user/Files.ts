@@ -56,17 +56,17 @@ const MiB = 1024 * 1024
 /** A member's sample: when level 1 saves less than 3 % of it, the member is stored (level 0). */
 const SAMPLE_BYTES = 16 * 1024
 
-/** Copies `target.length` bytes of `parts` (one after another) from `offset` into `target`. */
-const copyOut = (parts: ReadonlyArray<Buffer>, offset: number, target: Buffer, at = 0): void => {
+/** Copies \`target.length\` bytes of \`parts\` (one after another) from \`offset\` into \`target\`. */
+const copyOut = (parts: ReadonlyArray<Buffer>, offset: number, target: Buffer): void => {
   let skip = offset
-  let to = at
+  let to = 0
   for (const part of parts) {
-    if (to >= at + target.length) return
+    if (to >= target.length) return
     if (skip >= part.length) {
       skip -= part.length
       continue
     }
-    to += part.copy(target, to, skip, Math.min(part.length, skip + (target.length - (to - at))))
+    to += part.copy(target, to, skip, Math.min(part.length, skip + (target.length - to)))
     skip = 0
   }
 }
@@ -97,19 +97,29 @@ const STORED_BLOCK = 65_535
  * the garbage collector is run for.
  */
 const storedMember = (parts: ReadonlyArray<Buffer>, size: number): Buffer => {
-  const blocks = Math.ceil(size / STORED_BLOCK)
-  const member = Buffer.allocUnsafe(GZIP_HEADER.length + blocks * 5 + size + 8)
+  const member = Buffer.allocUnsafe(GZIP_HEADER.length + Math.ceil(size / STORED_BLOCK) * 5 + size + 8)
   let at = GZIP_HEADER.copy(member, 0)
-  for (let b = 0; b < blocks; b++) {
-    const n = Math.min(STORED_BLOCK, size - b * STORED_BLOCK)
-    member[at] = b === blocks - 1 ? 1 : 0
-    member.writeUInt16LE(n, at + 1)
-    member.writeUInt16LE(n ^ 0xffff, at + 3)
-    copyOut(parts, b * STORED_BLOCK, member.subarray(at + 5, at + 5 + n))
-    at += 5 + n
-  }
   let crc = 0
-  for (const part of parts) crc = crc32(part, crc)
+  let done = 0
+  // Bytes the current block still takes: at 0 the next block's header goes in first.
+  let left = 0
+  for (const part of parts) {
+    crc = crc32(part, crc)
+    for (let from = 0; from < part.length; ) {
+      if (left === 0) {
+        left = Math.min(STORED_BLOCK, size - done)
+        member[at] = done + left === size ? 1 : 0
+        member.writeUInt16LE(left, at + 1)
+        member.writeUInt16LE(left ^ 0xffff, at + 3)
+        at += 5
+      }
+      const n = part.copy(member, at, from, from + Math.min(left, part.length - from))
+      at += n
+      from += n
+      done += n
+      left -= n
+    }
+  }
   member.writeUInt32LE(crc >>> 0, at)
   member.writeUInt32LE(size % 2 ** 32, at + 4)
   return member
@@ -289,15 +299,8 @@ async function* sameSize(
 }
 
 /** Hashes a file in one streamed pass. */
-const hashFile = async (path: string): Promise<Counted> => {
-  const hash = createHash("sha256")
-  let bytes = 0
-  for await (const chunk of createReadStream(path, { highWaterMark: MiB }) as AsyncIterable<Buffer>) {
-    hash.update(chunk)
-    bytes += chunk.length
-  }
-  return { bytes, sha256: hash.digest("hex") }
-}
+const hashFile = (path: string): Promise<Counted> =>
+  counted(createReadStream(path, { highWaterMark: MiB }) as AsyncIterable<Buffer>)
 
 const clientOf = (url: URL) => (url.protocol === "https:" ? https : http)
 
