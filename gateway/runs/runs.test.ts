@@ -75,7 +75,9 @@ const fail = (run: string) =>
   )
 
 beforeAll(async () => {
-  stack = await startStack({ noHost: true })
+  // The log route's wait for a run's last part made ten minutes: a read that waited when it should
+  // not would outlast its test.
+  stack = await startStack({ noHost: true, settings: { RUN_LOG_WAIT_MS: 600_000 } })
   await advertiseBase(stack, "host_runs_flows")
 }, 120_000)
 
@@ -377,6 +379,38 @@ describe("links in answers", () => {
       expect(res.headers.get("content-type")).toBe("application/x-ndjson")
       expect(await res.text()).toBe(logLines[i])
     }
+  })
+
+  it("an ended run a host took: a log read waits for its last part and answers once it is told", async () => {
+    const fn = await publish(stack, a, { name: "h" })
+    const took = async () => {
+      const endedAt = Date.now()
+      const r = await startRun(stack, a, fn.function)
+      await tell(
+        r.id,
+        { _tag: "Started", host: "host_log", at: new Date(endedAt - 60_000).toISOString() },
+        `started:${r.id}`,
+      )
+      await tell(
+        r.id,
+        { _tag: "Fail", failure: "no_submission", detail: "test", at: new Date(endedAt).toISOString() },
+        `fail:${r.id}`,
+      )
+      await waitRun(stack, a, r.id)
+      await putObject("logs", a.id, kvKeys.logPart(r.id, 1), Buffer.from(logLines[0]!))
+      return r.id as string
+    }
+    // Ended just now, its last part not told yet: the read waits, and answers once it is.
+    const now = await took()
+    let answered: Json | undefined
+    const read = call(stack, "GET", `/v1/runs/${now}/log`, a.admin).then((r) => {
+      answered = r.body
+      return r
+    })
+    await new Promise((r) => setTimeout(r, 300))
+    expect(answered).toBeUndefined()
+    await tell(now, { _tag: "LogPart", n: 1, last: true }, `log:${now}:1`)
+    expect(expectStatus(await read, 200, "log").parts).toHaveLength(1)
   })
 
   it("a run without log parts has an empty log", async () => {
