@@ -93,6 +93,16 @@ export const attemptTag = (): string => {
 export const newId = <P extends IdPrefix>(prefix: P): Effect.Effect<`${P}_${string}`> =>
   Effect.map(FiberRef.get(idMaker), (make) => (make === undefined ? makeId(prefix) : make(prefix)))
 
+/**
+ * Whether the ids `newId` makes are this request's alone: true unless it carries an
+ * `Idempotency-Key`, whose retries make the same ids again (even the first attempt's: its messages
+ * may be stored after a retry's, behind a frozen server).
+ */
+export const idsFresh: Effect.Effect<boolean> = Effect.map(
+  FiberRef.get(idMaker),
+  (make) => make === undefined,
+)
+
 const conflict = (message: string) => ApiError.conflict(`${HEADER}: ${message}`)
 
 const replay = (r: IdempotencyRecord): Reply => ({

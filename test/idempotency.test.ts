@@ -4,8 +4,12 @@
  * an answer lost to a timeout is found again by the retry instead of made twice.
  */
 import { createHash } from "node:crypto"
+import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Mailbox } from "../core/actors/Mailbox.ts"
+import { Nats } from "../core/Nats.ts"
 import { STALE_CLAIM_MS } from "../gateway/Idempotency.ts"
+import { Run } from "../schema/actors/Run.ts"
 import {
   type Answer,
   call,
@@ -103,6 +107,41 @@ describe("Idempotency-Key", () => {
     expect(up2).toEqual(up1)
     const put = await request(up1.url, { method: "PUT", headers: up1.headers, body: Buffer.from("abc") })
     expect(put.status).toBe(200)
+  })
+
+  it("a command's id is fresh to the run actor only without a key, whose retry may carry the same id", async () => {
+    const run = (await startRun(stack, acct, fn)).id
+    // What the gateway asks of the run actor, seen as it is published to its mailbox.
+    const seen = new Map<string, { readonly fresh?: boolean }>()
+    const waiting = new Map<string, () => void>()
+    const sub = await stack.run(
+      Effect.gen(function* () {
+        const subject = (yield* Mailbox).subjectOf(Run, run)
+        return (yield* Nats).connection.subscribe(subject, {
+          callback: (_e, msg) => {
+            const m = msg.json<{ _tag: string; id: string; fresh?: boolean }>()
+            if (m._tag !== "AddCommand") return
+            seen.set(m.id, m)
+            waiting.get(m.id)?.()
+          },
+        })
+      }),
+    )
+    const asked = async (key: string | undefined) => {
+      const sent = expectStatus(
+        await post(`/v1/runs/${run}/commands`, { kind: "bash", arguments: { command: "true" } }, key),
+        201,
+        "command",
+      )
+      if (!seen.has(sent.id)) await new Promise<void>((ok) => waiting.set(sent.id, ok))
+      return seen.get(sent.id)!
+    }
+    try {
+      expect((await asked(undefined)).fresh).toBe(true)
+      expect((await asked(uniqueKey())).fresh).toBe(false)
+    } finally {
+      sub.unsubscribe()
+    }
   })
 
   it("a key's token is shown once: the same request again is refused, and no second key is made", async () => {

@@ -597,6 +597,87 @@ describe("run actor: command index", () => {
   )
 })
 
+describe("run actor: fresh command ids", () => {
+  const views = Effect.gen(function* () {
+    const { names } = yield* Storage
+    return {
+      index: yield* Kv.make(names.kv.commands.name, CommandIndex),
+      records: yield* Kv.make(names.kv.commands.name, CommandRecord),
+    }
+  })
+
+  it.live(
+    "a fresh add writes its index entry and record at once; a re-run after a lost state write answers the same record; a record left by a lost message is replaced",
+    () =>
+      withWorker({}, () =>
+        Effect.gen(function* () {
+          const { index, records } = yield* views
+          const { account, create } = yield* startRun()
+          const run = create.id
+          const first = { ...addOf("one"), fresh: true }
+          const one = commandOf(yield* ask(run, first))
+          expect(one).toEqual({
+            id: first.id,
+            run,
+            kind: "bash",
+            arguments: first.arguments,
+            source: "caller",
+            sequence: 1,
+            state: "queued",
+            created_at: first.created_at,
+          })
+          // Both written before the answer: the id is found through its index entry.
+          expect(Option.getOrThrow(yield* index.get(kvKeys.commandIndex(run, first.id))).value).toEqual({
+            sequence: 1,
+          })
+          expect(Option.getOrThrow(yield* records.get(kvKeys.command(run, 1))).value).toEqual(one)
+
+          // An earlier run of this message wrote both and lost its state write (the state still
+          // says 2 is next): the same record answers, written once, and the next add gets 3.
+          const again = { ...addOf("again"), fresh: true }
+          yield* index.create(kvKeys.commandIndex(run, again.id), { sequence: 2 })
+          const before = {
+            ...one,
+            id: again.id,
+            arguments: again.arguments,
+            sequence: 2,
+            created_at: again.created_at,
+          } as CommandRecord
+          const revision = yield* records.create(kvKeys.command(run, 2), before)
+          expect(commandOf(yield* ask(run, again))).toEqual(before)
+          expect(Option.getOrThrow(yield* records.get(kvKeys.command(run, 2))).revision).toBe(revision)
+          expect(commandOf(yield* ask(run, { ...addOf("three"), fresh: true })).sequence).toBe(3)
+
+          // A message that wrote sequence 4 for another id and was lost: a fresh add given 4
+          // replaces that record with its own.
+          const strayId = makeId("cmd") as CommandId
+          yield* records.create(kvKeys.command(run, 4), {
+            ...before,
+            id: strayId,
+            sequence: 4,
+          } as CommandRecord)
+          const fourth = { ...addOf("four"), fresh: true }
+          expect(commandOf(yield* ask(run, fourth))).toMatchObject({ id: fourth.id, sequence: 4 })
+          expect(Option.getOrThrow(yield* records.get(kvKeys.command(run, 4))).value.id).toBe(fourth.id)
+          expect((yield* actorState(run)).next_sequence).toBe(5)
+
+          // Ended: a fresh add writes nothing and answers ended.
+          yield* send(run, {
+            _tag: "Fail",
+            failure: "infrastructure",
+            detail: "test",
+            at: timestamp(Date.now()),
+          })
+          yield* ended(account, run)
+          const late = { ...addOf("late"), fresh: true }
+          expect(yield* ask(run, late)).toEqual({ ended: true })
+          expect(Option.isNone(yield* index.get(kvKeys.commandIndex(run, late.id)))).toBe(true)
+          expect(Option.isNone(yield* records.get(kvKeys.command(run, 5)))).toBe(true)
+        }),
+      ),
+  )
+})
+
 describe("run actor: billing", () => {
   it.live(
     "charges minute 1 at start, each started minute as the run goes, the rest at the end; once each",

@@ -14,7 +14,9 @@
  *   run id wins), which `GET /v1/functions` shows as `last`;
  * - command index entries in KV `commands` (`<run>.id.<command>` → sequence): claimed by `AddCommand`
  *   before its record, so the same id added again (a retried ask, a resumed agent, a re-run of a
- *   message whose state write was lost) gets its sequence back; the state keeps no list of ids;
+ *   message whose state write was lost) gets its sequence back; the state keeps no list of ids. A
+ *   `fresh` id (a caller's command sent without an `Idempotency-Key`: no other message can carry
+ *   it) has its entry and record written at once, one round trip sooner to the host agent;
  * - command records in KV `commands` (`<run>.<sequence>`): created `queued` by `AddCommand`; set
  *   `cancelled` by `CancelCommand` (a queued run has no machine to ask) and, when the run ends, on
  *   every record not ended yet, by CAS on the revision read, so the host agent's own writes win
@@ -88,6 +90,16 @@ export interface RunDeps {
   readonly storage: Storage["Type"]
   readonly settings: RunSettingsShape
 }
+
+/**
+ * Completes once the work already due in this process has run (a macrotask: everything the
+ * current read of the connection woke, and what that forked, goes first). Costs a turn of the event
+ * loop when nothing else waits.
+ */
+const afterReadyWork = Effect.async<void>((resume) => {
+  const at = setImmediate(() => resume(Effect.void))
+  return Effect.sync(() => clearImmediate(at))
+})
 
 /** Timer names (subject tokens). */
 const timers = { queue: "queue", timeout: "timeout", bill: "bill", commands: "commands" } as const
@@ -491,6 +503,85 @@ export const make = (deps: RunDeps) => {
           const index = yield* indexKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
           const kv = yield* commandsKv.pipe(Effect.mapError(retryable("opening the commands bucket")))
           const indexKey = kvKeys.commandIndex(run.id, m.id)
+          // The record at `sequence`: created at once in the usual case (one write); a key already
+          // there is read: our own record stands, one left by a message whose state write was lost
+          // is replaced.
+          const recordAt = (sequence: number) => {
+            const key = kvKeys.command(run.id, sequence)
+            const record = {
+              id: m.id,
+              run: run.id,
+              kind: m.kind,
+              arguments: m.arguments,
+              source: m.source,
+              sequence,
+              state: "queued",
+              created_at: m.created_at,
+            } as CommandRecord
+            const existing = kv
+              .get(key)
+              .pipe(
+                Effect.flatMap((found) =>
+                  Option.isSome(found) && found.value.value.id === m.id
+                    ? Effect.succeed(found.value.value)
+                    : Effect.as(
+                        kv.update(key, record, Option.isSome(found) ? found.value.revision : 0),
+                        record,
+                      ),
+                ),
+              )
+            return {
+              existing,
+              created: kv.create(key, record).pipe(
+                Effect.as(record),
+                Effect.catchTag("StateConflict", () => existing),
+              ),
+            }
+          }
+          // The host agent watching a ready run's records is woken by the same read as the
+          // record's write (in one process under `npm start`): it goes first, up to the command's
+          // start on the machine, since the command waits for that and not for this state write
+          // and reply.
+          const added = (stored: CommandRecord) =>
+            Effect.as(s.ready_at === undefined ? Effect.void : afterReadyWork, {
+              state: ((next) => {
+                const deadline =
+                  s.ready_at === undefined || ended ? undefined : commandDeadline(stored, s.ready_at)
+                return deadline === undefined ? next : armWatch(next, deadline, ctx)
+              })({ ...s, next_sequence: stored.sequence + 1 }),
+              reply: { command: stored },
+            })
+          // A fresh id (made for this message alone) can have been claimed only by an earlier run
+          // of this same message whose state write was lost, which claimed the same sequence (the
+          // state did not move); no other message carries it. So its index entry and record are
+          // written at once, saving the claim's round trip on the way to the host agent.
+          if (m.fresh === true && !ended) {
+            const sequence = s.next_sequence
+            const [, stored] = yield* Effect.all(
+              [
+                index.create(indexKey, { sequence }).pipe(
+                  Effect.catchTag("StateConflict", () =>
+                    Effect.flatMap(index.get(indexKey), (found) =>
+                      Option.isSome(found) && found.value.value.sequence !== sequence
+                        ? Effect.logError("a fresh command id was claimed at another sequence").pipe(
+                            Effect.annotateLogs({
+                              run: run.id,
+                              command: m.id,
+                              claimed: found.value.value.sequence,
+                              sequence,
+                            }),
+                          )
+                        : Effect.void,
+                    ),
+                  ),
+                  Effect.mapError(fails("claiming the command's sequence")),
+                ),
+                recordAt(sequence).created.pipe(Effect.mapError(fails("writing the command"))),
+              ],
+              { concurrency: 2 },
+            )
+            return yield* added(stored)
+          }
           // The id's sequence: claimed now (the usual case, one write), or found where an earlier
           // add of the same id claimed it. Claimed before the record is written, so a re-run of
           // this message (its state write lost) finds its own sequence. (Claim and record as one
@@ -513,48 +604,14 @@ export const make = (deps: RunDeps) => {
           const claimed = yield* claim.pipe(Effect.mapError(fails("claiming the command's sequence")))
           if (Option.isNone(claimed)) return { state: s, reply: { ended: true as const } }
           const sequence = claimed.value
-          const record = {
-            id: m.id,
-            run: run.id,
-            kind: m.kind,
-            arguments: m.arguments,
-            source: m.source,
-            sequence,
-            state: "queued",
-            created_at: m.created_at,
-          } as CommandRecord
-          const key = kvKeys.command(run.id, sequence)
-          // Created at once in the usual case (one write); a key already there is read: our own
-          // record stands, one left by a message whose state write was lost is replaced.
-          const existing = kv
-            .get(key)
-            .pipe(
-              Effect.flatMap((found) =>
-                Option.isSome(found) && found.value.value.id === m.id
-                  ? Effect.succeed(found.value.value)
-                  : Effect.as(
-                      kv.update(key, record, Option.isSome(found) ? found.value.revision : 0),
-                      record,
-                    ),
-              ),
-            )
+          const write = recordAt(sequence)
           // A sequence below the next one was added before: its record stands as it is.
           const known = sequence < s.next_sequence
-          const stored = yield* (
-            known
-              ? existing
-              : kv.create(key, record).pipe(
-                  Effect.as(record),
-                  Effect.catchTag("StateConflict", () => existing),
-                )
-          ).pipe(Effect.mapError(fails("writing the command")))
+          const stored = yield* (known ? write.existing : write.created).pipe(
+            Effect.mapError(fails("writing the command")),
+          )
           if (known) return { state: s, reply: { command: stored } }
-          const added = { ...s, next_sequence: sequence + 1 }
-          const deadline = s.ready_at === undefined || ended ? undefined : commandDeadline(stored, s.ready_at)
-          return {
-            state: deadline === undefined ? added : armWatch(added, deadline, ctx),
-            reply: { command: stored },
-          }
+          return yield* added(stored)
         }
 
         case "CancelCommand": {

@@ -53,7 +53,7 @@ import type { CommandId } from "../../schema/Ids.ts"
 import { endedRunStates } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { authRoute } from "../auth/Route.ts"
-import { attemptTag, newId } from "../Idempotency.ts"
+import { attemptTag, idsFresh, newId } from "../Idempotency.ts"
 import { documented } from "../openapi/OpenApi.ts"
 import { json } from "../Response.ts"
 import { RunStore, readRun, runIdentity, storeLayer } from "../runs/Runs.ts"
@@ -127,6 +127,7 @@ export const routes = [
                 arguments: body.arguments,
                 source: "caller",
                 created_at: timestamp(yield* Clock.currentTimeMillis),
+                fresh: yield* idsFresh,
               },
               { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}:${attemptTag()}` },
             )

@@ -62,6 +62,12 @@ export const AddCommand = Schema.TaggedStruct("AddCommand", {
   arguments: Schema.Unknown,
   source: CommandSource,
   created_at: Timestamp,
+  /**
+   * The id was made for this message alone (a caller's command sent without an `Idempotency-Key`):
+   * no other message can carry it, so its index entry and its record are written at once instead
+   * of one after the other. Absent (false) for ids a retry or a resumed agent may send again.
+   */
+  fresh: Schema.optional(Schema.Boolean),
 })
 export type AddCommand = typeof AddCommand.Type
 
