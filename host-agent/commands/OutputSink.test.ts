@@ -268,6 +268,21 @@ describe("OutputSink", () => {
     expect((await stored(run, cmd)).map((m) => m.header(outputHeaders.done) ?? "")).toEqual([""])
   })
 
+  it("closing the scope before finish drops what waits for the flush: nothing is stored, later either", async () => {
+    const { run, cmd } = ids()
+    await runtime.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const sink = yield* make(ACC, run, cmd, { flushMs: 100 })
+          sink.write(Buffer.from("never stored"))
+        }),
+      ),
+    )
+    // Past the flush interval: the timer went with the scope.
+    await new Promise((r) => setTimeout(r, 300))
+    expect(await stored(run, cmd)).toEqual([])
+  })
+
   it("a retried publish of the same chunk is stored once", async () => {
     const { run, cmd } = ids()
     const acks = await runtime.runPromise(

@@ -20,8 +20,7 @@
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
  */
-import type { Scope } from "effect"
-import { Deferred, Effect, Exit, Fiber, Queue, Runtime, Schedule } from "effect"
+import { Deferred, Effect, Exit, Fiber, FiberId, Queue, Runtime, Schedule, Scope } from "effect"
 import { outputHeaders, outputObject } from "../../core/CommandOutput.ts"
 import type { KeyringError } from "../../core/Keyring.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
@@ -112,11 +111,20 @@ type Piece =
     }
   | { readonly _tag: "done"; readonly totals: OutputTotals }
 
+/** The publishing side of a sink, made by its first chunk (or a marker for output past what is kept). */
+interface Publishing {
+  readonly queue: Queue.Queue<Piece>
+  /** Every chunk stored; then the marker stored (`marked`). */
+  readonly ended: Deferred.Deferred<OutputTotals, NatsError>
+  readonly fiber: Fiber.RuntimeFiber<void>
+}
+
 /**
- * A sink for command `cmd` of run `run` of `account`. Chunks are published in order by one fiber, started by
- * the first chunk (most commands print little or nothing: one with no output forks nothing and
- * publishes nothing); closing the scope before `finish` drops what was not yet published (no done
- * marker).
+ * A sink for command `cmd` of run `run` of `account`. Chunks are published in order by one fiber,
+ * started by the first chunk. Most commands print little or nothing, and one sink is made per
+ * command on its way to the machine: one with no output makes no queue, no fiber and publishes
+ * nothing (what that costs was measured on the command round trip, `bench/runs.ts`). Closing the
+ * scope before `finish` drops what was not yet published (no done marker).
  */
 export const make = (
   account: string,
@@ -133,18 +141,21 @@ export const make = (
     const flushBytes = options.flushBytes ?? FLUSH_BYTES
     const flushMs = options.flushMs ?? FLUSH_MS
 
-    // Memory is bounded by `keep`: nothing past it is queued.
-    const queue = yield* Queue.unbounded<Piece>()
-    // Every chunk stored; then the marker stored.
-    const ended = yield* Deferred.make<OutputTotals, NatsError>()
-    const marked = yield* Deferred.make<void, NatsError>()
     let outputBytes = 0
     let accepted = 0
     let flushed = 0
+    // Memory is bounded by `keep`: nothing past it is queued.
     let pending: Array<Uint8Array> = []
     let pendingBytes = 0
     let finishing = false
-    let publisher: Fiber.RuntimeFiber<void> | undefined
+    let publishing: Publishing | undefined
+    // Completed when the marker is stored, or at `finish` when there is none; made when asked for.
+    let marked: Deferred.Deferred<void, NatsError> | undefined
+    let markedExit: Exit.Exit<void, NatsError> | undefined
+    const settleMarked = (exit: Exit.Exit<void, NatsError>) => {
+      markedExit = exit
+      if (marked !== undefined) Deferred.unsafeDone(marked, exit)
+    }
     // Pending bytes wait at most `flushMs` before they are queued.
     let timer: ReturnType<typeof setTimeout> | undefined
 
@@ -154,28 +165,40 @@ export const make = (
         Effect.asVoid,
         Effect.tapError((e) => Effect.logWarning("command output marker not stored", e)),
         Effect.exit,
-        Effect.flatMap((exit) => Deferred.done(marked, exit)),
+        Effect.flatMap((exit) => Effect.sync(() => settleMarked(exit))),
       )
 
     // One publisher, one message at a time: the stream holds the chunks in offset order, and the
     // marker after them.
-    const publishAll = Effect.gen(function* () {
-      for (;;) {
-        const piece = yield* Queue.take(queue)
-        if (piece._tag === "chunk") {
-          yield* publishChunk(subject, cmd, piece.offset, piece.data, piece.outputBytes).pipe(
-            Effect.retry(retryPolicy),
-          )
-        } else {
-          yield* Deferred.succeed(ended, piece.totals)
-          yield* publishMarker(piece.totals)
-          return
+    const start = (): Publishing => {
+      if (publishing !== undefined) return publishing
+      const queue = Effect.runSync(Queue.unbounded<Piece>())
+      const ended = Deferred.unsafeMake<OutputTotals, NatsError>(FiberId.none)
+      const publishAll = Effect.gen(function* () {
+        for (;;) {
+          const piece = yield* Queue.take(queue)
+          if (piece._tag === "chunk") {
+            yield* publishChunk(subject, cmd, piece.offset, piece.data, piece.outputBytes).pipe(
+              Effect.retry(retryPolicy),
+            )
+          } else {
+            yield* Deferred.succeed(ended, piece.totals)
+            yield* publishMarker(piece.totals)
+            return
+          }
         }
-      }
-    }).pipe(
-      Effect.catchAll((e) => Effect.zipRight(Deferred.fail(ended, e), Deferred.fail(marked, e))),
-      Effect.asVoid,
-    )
+      }).pipe(
+        Effect.catchAll((e) =>
+          Effect.zipRight(
+            Deferred.fail(ended, e),
+            Effect.sync(() => settleMarked(Exit.fail(e))),
+          ),
+        ),
+        Effect.asVoid,
+      )
+      publishing = { queue, ended, fiber: Runtime.runFork(runtime)(publishAll) }
+      return publishing
+    }
 
     const flush = () => {
       if (timer !== undefined) {
@@ -184,24 +207,41 @@ export const make = (
       }
       if (pendingBytes === 0) return
       const data = pending.length === 1 ? (pending[0] as Uint8Array) : Buffer.concat(pending)
-      publisher ??= Runtime.runFork(runtime)(publishAll)
-      queue.unsafeOffer({ _tag: "chunk", offset: flushed, data: pieces.seal(flushed, data), outputBytes })
+      start().queue.unsafeOffer({
+        _tag: "chunk",
+        offset: flushed,
+        data: pieces.seal(flushed, data),
+        outputBytes,
+      })
       flushed += data.length
       pending = []
       pendingBytes = 0
     }
-    yield* Effect.addFinalizer(() =>
-      Effect.suspend(() => {
-        if (timer !== undefined) clearTimeout(timer)
-        // Once finishing, the publisher ends by itself with the marker.
-        return publisher === undefined || finishing ? Effect.void : Fiber.interrupt(publisher)
-      }),
-    )
+    // Closing the scope stops the timer and the publisher; hooked at the first write, so a command
+    // that prints nothing adds nothing to its scope (a finalizer per command was measurable on the
+    // round trip). A write comes before `finish`, which comes before the scope closes.
+    const scope = yield* Effect.scope
+    let hooked = false
+    const hook = () => {
+      if (hooked) return
+      hooked = true
+      Effect.runSync(
+        Scope.addFinalizer(
+          scope,
+          Effect.suspend(() => {
+            if (timer !== undefined) clearTimeout(timer)
+            // Once finishing, the publisher ends by itself with the marker.
+            return publishing === undefined || finishing ? Effect.void : Fiber.interrupt(publishing.fiber)
+          }),
+        ),
+      )
+    }
 
     const write = (chunk: Uint8Array) => {
       outputBytes += chunk.length
       const room = keep - accepted
       if (room <= 0 || finishing) return
+      hook()
       // A copy: the caller may reuse its buffer.
       const piece = Uint8Array.prototype.slice.call(chunk, 0, Math.min(room, chunk.length))
       pending.push(piece)
@@ -213,23 +253,33 @@ export const make = (
 
     const totals = () => ({ output_bytes: outputBytes, stored_bytes: accepted })
 
+    // Answered at once when nothing was published: every chunk (none) is stored.
+    let finished: Effect.Effect<OutputTotals, NatsError> | undefined
     const finish = Effect.suspend(() => {
-      if (!finishing) {
-        finishing = true
-        flush()
-        const done = totals()
-        if (publisher === undefined) {
-          // Nothing was ever published: every chunk is stored. Nothing written, nothing to mark;
-          // bytes written past what is kept still get a marker with their count.
-          Deferred.unsafeDone(ended, Exit.succeed(done))
-          if (done.output_bytes === 0) Deferred.unsafeDone(marked, Exit.void)
-          else publisher = Runtime.runFork(runtime)(publishMarker(done).pipe(Effect.ignore))
-        } else queue.unsafeOffer({ _tag: "done", totals: done })
+      if (finished !== undefined) return finished
+      finishing = true
+      flush()
+      const done = totals()
+      if (publishing !== undefined) {
+        publishing.queue.unsafeOffer({ _tag: "done", totals: done })
+        finished = Deferred.await(publishing.ended)
+      } else {
+        // Nothing written, nothing to mark; bytes written past what is kept still get a marker
+        // with their count.
+        if (done.output_bytes === 0) settleMarked(Exit.void)
+        else Runtime.runFork(runtime)(publishMarker(done))
+        finished = Effect.succeed(done)
       }
-      return Deferred.await(ended)
+      return finished
     })
 
-    return { write, finish, marked: Deferred.await(marked), totals } satisfies OutputSink
+    const markedDone = Effect.suspend(() => {
+      if (markedExit !== undefined) return markedExit
+      marked ??= Deferred.unsafeMake<void, NatsError>(FiberId.none)
+      return Deferred.await(marked)
+    })
+
+    return { write, finish, marked: markedDone, totals } satisfies OutputSink
   })
 
 // ---------------------------------------------------------------------------------------------
