@@ -383,6 +383,18 @@ const addOf = (command = "true", source: "caller" | "agent" = "caller") => ({
   created_at: timestamp(Date.now()),
 })
 
+/** The record an add of `add` answers when given `sequence`. */
+const queuedOf = (add: ReturnType<typeof addOf>, run: string, sequence: number) => ({
+  id: add.id,
+  run,
+  kind: add.kind,
+  arguments: add.arguments,
+  source: add.source,
+  sequence,
+  state: "queued",
+  created_at: add.created_at,
+})
+
 describe("run actor: commands", () => {
   const commandsKv = Effect.flatMap(Storage, ({ names }) => Kv.make(names.kv.commands.name, CommandRecord))
   const recordAt = (run: string, seq: number) =>
@@ -400,16 +412,7 @@ describe("run actor: commands", () => {
           const run = create.id
           const [a, b, c, d] = [addOf("a"), addOf("b"), addOf("c"), addOf("d")]
           const first = commandOf(yield* ask(run, a))
-          expect(first).toEqual({
-            id: a.id,
-            run,
-            kind: "bash",
-            arguments: a.arguments,
-            source: "caller",
-            sequence: 1,
-            state: "queued",
-            created_at: a.created_at,
-          })
+          expect(first).toEqual(queuedOf(a, run, 1))
           // The same id again: the same record, no new sequence.
           expect(commandOf(yield* ask(run, a))).toEqual(first)
           expect(commandOf(yield* ask(run, { ...b, source: "agent" }))).toMatchObject({
@@ -616,16 +619,7 @@ describe("run actor: fresh command ids", () => {
           const run = create.id
           const first = { ...addOf("one"), fresh: true }
           const one = commandOf(yield* ask(run, first))
-          expect(one).toEqual({
-            id: first.id,
-            run,
-            kind: "bash",
-            arguments: first.arguments,
-            source: "caller",
-            sequence: 1,
-            state: "queued",
-            created_at: first.created_at,
-          })
+          expect(one).toEqual(queuedOf(first, run, 1))
           // Both written before the answer: the id is found through its index entry.
           expect(Option.getOrThrow(yield* index.get(kvKeys.commandIndex(run, first.id))).value).toEqual({
             sequence: 1,
@@ -636,13 +630,7 @@ describe("run actor: fresh command ids", () => {
           // says 2 is next): the same record answers, written once, and the next add gets 3.
           const again = { ...addOf("again"), fresh: true }
           yield* index.create(kvKeys.commandIndex(run, again.id), { sequence: 2 })
-          const before = {
-            ...one,
-            id: again.id,
-            arguments: again.arguments,
-            sequence: 2,
-            created_at: again.created_at,
-          } as CommandRecord
+          const before = queuedOf(again, run, 2) as CommandRecord
           const revision = yield* records.create(kvKeys.command(run, 2), before)
           expect(commandOf(yield* ask(run, again))).toEqual(before)
           expect(Option.getOrThrow(yield* records.get(kvKeys.command(run, 2))).revision).toBe(revision)
