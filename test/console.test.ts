@@ -116,7 +116,7 @@ beforeAll(async () => {
       pageErrors.push(`${page.url()}: ${m.text()}`)
   })
   page.on("pageerror", (e) => pageErrors.push(`${page.url()}: ${e.message}`))
-  console.log(`console screenshots: ${shots}`)
+  if (keptShots !== undefined) console.log(`console screenshots: ${shots}`)
 }, 300_000)
 
 afterAll(async () => {
