@@ -610,7 +610,7 @@ describe("run actor: fresh command ids", () => {
   })
 
   it.live(
-    "a fresh add writes its index entry and record at once; a re-run after a lost state write answers the same record; a record left by a lost message is replaced",
+    "a fresh add has its index entry and record stored before it answers; a re-run after a lost state write answers the same record; a record left by a lost message is replaced",
     () =>
       withWorker({}, () =>
         Effect.gen(function* () {

@@ -264,10 +264,12 @@ const endChild = (child: ChildProcess, signal: NodeJS.Signals) =>
     child.kill(signal)
   })
 
-// A role that has not closed in this long is left (the test then reports what it left behind). On
-// a loaded machine a host agent removing its machines took over 30 s, and a close cut short there
-// reported a half-removed machine folder as a leak.
-/** Closes a role's scope, giving up after 90 s and saying which one did not close (`what`). */
+/**
+ * Closes a role's scope, giving up after 90 s and saying on stderr which one did not close
+ * (`what`); the test then reports what it left behind. On a loaded machine a host agent removing
+ * its machines took over 30 s, and a close cut short there reported a half-removed machine folder
+ * as a leak.
+ */
 const closeScope = (scope: Scope.CloseableScope, what = "a scope") =>
   Effect.runPromise(
     Scope.close(scope, Exit.void).pipe(
