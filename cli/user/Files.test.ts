@@ -25,11 +25,11 @@ import http from "node:http"
 import type { AddressInfo } from "node:net"
 import { tmpdir } from "node:os"
 import { join, relative } from "node:path"
-import { gzipSync } from "node:zlib"
+import { gunzipSync, gzipSync } from "node:zlib"
 import { Header } from "tar"
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest"
 import type { Api } from "./Api.ts"
-import { downloadAndUnpack, downloadFile, packFolder, uploadFolder } from "./Files.ts"
+import { downloadAndUnpack, downloadFile, packFolder, tarBytes, uploadFolder } from "./Files.ts"
 import type { Out } from "./Print.ts"
 
 const out: Out = { json: false, tty: false, color: false }
@@ -301,6 +301,49 @@ describe("uploading a folder", () => {
       expect(received.has(`/upload/${name}`)).toBe(false)
       expect(readdirSync(temp)).toEqual([])
     })
+})
+
+describe("packing progress", () => {
+  it("counts against the tar's own size: headers, whole blocks, long and non-ASCII names, the end blocks", async () => {
+    const dir = join(work, "src")
+    mkdirSync(join(dir, "deep", "deeper"), { recursive: true })
+    mkdirSync(join(dir, "empty"))
+    writeFileSync(join(dir, "q.txt"), "6*7\n")
+    writeFileSync(join(dir, "none"), "")
+    writeFileSync(join(dir, "block"), Buffer.alloc(512, 1))
+    writeFileSync(join(dir, "block+1"), Buffer.alloc(513, 1))
+    writeFileSync(join(dir, "é.txt"), "accent")
+    writeFileSync(join(dir, "deep", "x".repeat(99)), "at the line")
+    writeFileSync(join(dir, "deep", "y".repeat(101)), "past it, one name")
+    writeFileSync(join(dir, "deep", "deeper", "z".repeat(90)), "split at a slash")
+    const archive = join(work, "a.tar.gz")
+    await packFolder(dir, archive)
+    expect(await tarBytes(dir)).toBe(gunzipSync(readFileSync(archive)).length)
+  })
+
+  it("prints one final line for a short upload, its bytes out of the tar's", async () => {
+    const dir = join(work, "question")
+    mkdirSync(dir)
+    writeFileSync(join(dir, "q.txt"), "6*7\n")
+    const lines: Array<string> = []
+    const write = process.stderr.write
+    process.stderr.write = ((chunk: string) => {
+      lines.push(
+        ...String(chunk)
+          .split("\n")
+          .filter((l) => l !== ""),
+      )
+      return true
+    }) as typeof process.stderr.write
+    try {
+      expect(await uploadFolder(uploadApi("progress").api, out, dir)).toBe("file_progress")
+    } finally {
+      process.stderr.write = write
+    }
+    const packing = lines.filter((l) => l.startsWith("packing question"))
+    expect(packing).toEqual([expect.stringMatching(/^packing question 100% 2\.6 kB\/2\.6 kB /)])
+    expect(lines.filter((l) => l.startsWith("uploading"))).toHaveLength(1)
+  })
 })
 
 describe("gzip levels", () => {

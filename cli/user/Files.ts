@@ -156,19 +156,41 @@ const kindOf = (
 const refusedMember = (path: string, kind: string) =>
   new Error(`${path}: ${kind} cannot be uploaded (a folder may hold only regular files and folders)`)
 
+const BLOCK = 512
+const blocks = (bytes: number) => Math.ceil(bytes / BLOCK) * BLOCK
+
 /**
- * Walks `dir` (links are not followed) and answers the bytes of its files; throws naming the first
- * entry that is neither a regular file nor a folder.
+ * The tar header bytes of member `name` (as node-tar names it, `./…`): one block, or, for a name
+ * ustar cannot hold (not ASCII, or longer than 100 bytes with no slash splitting it into at most
+ * 155 + 100), a PAX header before it carrying the name.
  */
-const measure = async (dir: string): Promise<number> => {
-  let total = 0
-  for (const entry of await readdir(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name)
-    if (entry.isDirectory()) total += await measure(path)
-    else if (entry.isFile()) total += (await stat(path)).size
-    else throw refusedMember(path, kindOf(entry))
+const headerBytes = (name: string): number => {
+  const length = Buffer.byteLength(name)
+  const split = name.lastIndexOf("/", 155)
+  const fits =
+    length === name.length && (length <= 100 || (split > 0 && length - split - 1 <= 100 && split <= 155))
+  return fits ? BLOCK : BLOCK + blocks(length + 16) + BLOCK
+}
+
+/**
+ * Walks `dir` (links are not followed) and answers the bytes of its tar before compression, the
+ * measure packing progress counts in: each member's header and its content in whole blocks, and the
+ * two zero blocks that end the archive. Throws naming the first entry that is neither a regular
+ * file nor a folder.
+ */
+export const tarBytes = async (dir: string): Promise<number> => {
+  const walk = async (folder: string, name: string): Promise<number> => {
+    let total = headerBytes(`${name}/`)
+    for (const entry of await readdir(folder, { withFileTypes: true })) {
+      const path = join(folder, entry.name)
+      const member = `${name}/${entry.name}`
+      if (entry.isDirectory()) total += await walk(path, member)
+      else if (entry.isFile()) total += headerBytes(member) + blocks((await stat(path)).size)
+      else throw refusedMember(path, kindOf(entry))
+    }
+    return total
   }
-  return total
+  return (await walk(dir, ".")) + 2 * BLOCK
 }
 
 // A link cache that remembers nothing: node-tar then packs every hard-linked file as a file of its
@@ -195,7 +217,7 @@ async function* packed(dir: string, onPlain?: (n: number) => void): AsyncGenerat
     linkCache: noLinks,
     maxReadSize: MiB,
     jobs: 2,
-    // Checked again as node-tar reads each entry: something swapped in after `measure` is refused too.
+    // Checked again as node-tar reads each entry: something swapped in after `tarBytes` is refused too.
     filter: (path: string, s: Stats | ReadEntry) => {
       const ok = "isFile" in s && (s.isFile() || s.isDirectory())
       if (!ok) refused ??= refusedMember(join(dir, path), "isFile" in s ? kindOf(s) : "a special file")
@@ -398,7 +420,7 @@ const scratch = () => mkdtemp(join(tmpdir(), "hangar-"))
 export const uploadFolder = async (api: Api, out: Print.Out, dir: string): Promise<string> => {
   const s = await stat(dir)
   if (!s.isDirectory()) throw new Error(`${dir}: not a folder`)
-  const total = await measure(dir)
+  const total = await tarBytes(dir)
   const packing = Print.progress(out, `packing ${basename(dir)}`, total)
   const count = await counted(packed(dir, packing.add))
   packing.done()

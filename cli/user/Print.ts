@@ -106,15 +106,18 @@ export interface Progress {
   readonly done: () => void
 }
 
-export const progress = (out: Out, label: string, total: number): Progress => {
+export const progress = (out: Out, label: string, expected: number): Progress => {
   const started = Date.now()
   let sent = 0
-  let lastDraw = 0
+  // The first plain line comes after 5 s: a short transfer prints its final line only.
+  let lastDraw = out.tty && !out.json ? 0 : started
   const render = () => {
+    // A total that was estimated (a folder's tar) never reads below what went.
+    const total = Math.max(expected, sent)
     const seconds = (Date.now() - started) / 1000
     const rate = seconds > 0 ? sent / seconds : 0
     const eta = rate > 0 && total > sent ? (total - sent) / rate : 0
-    const share = total > 0 ? Math.min(1, sent / total) : 1
+    const share = total > 0 ? sent / total : 1
     return `${label} ${(share * 100).toFixed(0).padStart(3)}% ${bytes(sent)}/${bytes(total)} ${bytes(rate)}/s ETA ${duration(eta)}`
   }
   const draw = (final: boolean) => {
@@ -122,7 +125,7 @@ export const progress = (out: Out, label: string, total: number): Progress => {
     if (out.tty && !out.json) {
       if (!final && now - lastDraw < 100) return
       const width = 24
-      const filled = Math.round((total > 0 ? Math.min(1, sent / total) : 1) * width)
+      const filled = Math.round((expected > 0 ? Math.min(1, sent / expected) : 1) * width)
       process.stderr.write(
         `\r\x1b[2K[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${render()}${final ? "\n" : ""}`,
       )
