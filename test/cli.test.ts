@@ -90,6 +90,9 @@ describe("the command line itself", () => {
     expect(expectExit(await cli(["runs", "--state", "queued"]), 2).stderr).toContain("--state")
     expect(expectExit(await cli(["show"]), 2).stderr).toContain("usage: hangar show RUN")
     expect(expectExit(await cli(["show", "a", "b"]), 2).stderr).toContain("unexpected argument: b")
+    // An empty id (`"$RUN"` with RUN unset) is a wrong command, not a request for an empty path.
+    expect(expectExit(await cli(["show", ""]), 2).stderr).toContain("argument 1 is empty")
+    expect(expectExit(await cli(["exec", "", "--", "true"]), 2).stderr).toContain("argument 1 is empty")
     // An older Node is told at once (the folder upload needs zlib.crc32, from 20.15).
     const old = "v20.14.0"
     const tooOld = expectExit(
@@ -278,6 +281,8 @@ describe("runs", () => {
     })
     expect(expectExit(await cli(["exec", run, "--workdir", "/tmp", "--", "pwd"]), 0).stdout).toBe("/tmp\n")
     expect(expectExit(await cli(["exec", run]), 2).stderr).toContain("missing arguments")
+    // After `--` the words are the remote command's: an empty one is not refused.
+    expect(expectExit(await cli(["exec", run, "--", "echo", "", "ok"]), 0).stdout).toBe("ok\n")
 
     // finish: refused while the output misses its manifest (exit 3, the problem named), then accepted.
     const early1 = expectExit(await cli(["finish", run]), 3)

@@ -135,6 +135,20 @@ const versionCommand: Command = {
   },
 }
 
+/** The place (from 1) of the first empty positional before `--`, if any. */
+const emptyPositional = (
+  tokens: ReadonlyArray<{ readonly kind: string; readonly value?: unknown }>,
+): number | undefined => {
+  let place = 0
+  for (const t of tokens) {
+    if (t.kind === "option-terminator") return undefined
+    if (t.kind !== "positional") continue
+    place++
+    if (t.value === "") return place
+  }
+  return undefined
+}
+
 /** Runs `argv` (without `node` and the script); answers the exit status. */
 export const main = async (
   argv: ReadonlyArray<string>,
@@ -156,13 +170,14 @@ export const main = async (
   let json = false
   try {
     const command = await entry.load()
-    const { values, positionals } = (() => {
+    const { values, positionals, tokens } = (() => {
       try {
         return parseArgs({
           args: [...rest],
           options: { json: { type: "boolean" }, help: { type: "boolean", short: "h" }, ...command.options },
           allowPositionals: true,
           strict: true,
+          tokens: true,
         })
       } catch (e) {
         throw new UsageError((e as Error).message.replace(/\. To specify a positional.*$/s, ""))
@@ -176,6 +191,11 @@ export const main = async (
     const [least, most] = command.positionals
     if (positionals.length < least) throw new UsageError(`missing arguments`)
     if (positionals.length > most) throw new UsageError(`unexpected argument: ${positionals[most]}`)
+    // An empty name or id (`hangar exec "$RUN" -- …` with RUN unset) is refused here rather than
+    // sent as an empty path segment, which the API can only answer "route not found". Words after
+    // `--` are the remote command's own, where an empty word can mean something.
+    const empty = emptyPositional(tokens)
+    if (empty !== undefined) throw new UsageError(`argument ${empty} is empty (an unset variable?)`)
     await command.run({ api: Api.make(env), out: outOf(json, env), values, positionals, env })
     return 0
   } catch (e) {
