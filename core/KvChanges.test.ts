@@ -1,6 +1,7 @@
 /**
  * "Changed after revision N" over a real nats-server: latest values in change order, the size
- * bound (always at least one value), deletions passed over but counted, other keys left out.
+ * bound (always at least one value), deletions passed over but counted, other keys left out, and
+ * a key written again while it is read still answered.
  */
 import { Effect, ManagedRuntime, Schema } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
@@ -8,6 +9,7 @@ import { layerAll } from "../test/harness/NatsServer.ts"
 import { makeId } from "./Ids.ts"
 import * as Kv from "./Kv.ts"
 import { changesAfter } from "./KvChanges.ts"
+import { Nats } from "./Nats.ts"
 import { Storage } from "./Storage.ts"
 
 const runtime = ManagedRuntime.make(layerAll())
@@ -59,6 +61,41 @@ describe("changesAfter", () => {
         const rest = yield* changesAfter(name, Value, `${run}.*`, first.through, 2500)
         expect(rest.entries.map((e) => e.value.n)).toEqual([2, 3])
         expect(rest.more).toBe(false)
+      }),
+    ))
+
+  // The race the read must survive: a key written again after the read found the filter's end
+  // loses the revision below that end, and its new one is past it. Made to happen every time by
+  // writing the key again (on the same real server) as the first end is answered.
+  it("answers a key written again while it was being read, once, at its latest", () =>
+    runtime.runPromise(
+      Effect.gen(function* () {
+        const { kv, name } = yield* bucket
+        const run = makeId("run")
+        yield* kv.put(`${run}.1`, { n: 1, pad: "" })
+        yield* kv.put(`${run}.2`, { n: 2, pad: "" })
+        const nats = yield* Nats
+        let rewrites = 0
+        const streams = new Proxy(nats.jsm.streams, {
+          get: (target, key, receiver) =>
+            key !== "getMessage"
+              ? Reflect.get(target, key, receiver)
+              : async (...args: Parameters<typeof target.getMessage>) => {
+                  const answer = await target.getMessage(...args)
+                  if (rewrites++ === 0) await Effect.runPromise(kv.put(`${run}.1`, { n: 11, pad: "" }))
+                  return answer
+                },
+        })
+        const racing = { ...nats, jsm: { ...nats.jsm, streams } as typeof nats.jsm }
+        const read = yield* changesAfter(name, Value, `${run}.*`, 0, 1_000_000).pipe(
+          Effect.provideService(Nats, racing),
+        )
+        expect(read.entries.map((e) => [e.key, e.value.n])).toEqual([
+          [`${run}.2`, 2],
+          [`${run}.1`, 11],
+        ])
+        expect(rewrites).toBeGreaterThan(1)
+        expect(read.through).toBe(read.entries[1]?.revision)
       }),
     ))
 

@@ -36,6 +36,9 @@ export interface KvChangesRead<A> {
 
 const operationHeader = "KV-Operation"
 
+/** Reads past the first end, when keys were written again during it (see `changesAfter`). */
+const EXTRA_ROUNDS = 3
+
 /**
  * The values of keys matching `filter` (subject style: `run_x.*`) in bucket `bucket` whose last
  * write has a revision above `after`, oldest change first. Values are taken while their JSON adds
@@ -62,32 +65,53 @@ export const changesAfter = <A, I>(
     let bytes = 0
     let through = after
     let more = false
-    yield* readSubject(stream, subject, after + 1, last.value.seq).pipe(
-      Stream.takeWhile((m) => {
-        const put = m.header(operationHeader) === undefined
-        if (put && taken > 0 && bytes + m.data.length > maxBytes) {
-          more = true
-          return false
-        }
-        // A deletion is passed over, but counted as read, so the next read starts after it.
-        through = m.seq
-        if (put) {
-          taken += 1
-          bytes += m.data.length
-        }
-        return true
-      }),
-      Stream.filter((m) => m.header(operationHeader) === undefined),
-      Stream.mapEffect((m) => {
-        const key = m.subject.slice(prefix.length)
-        return decode(text.decode(m.data)).pipe(
-          Effect.map((value) => ({ key, value, revision: m.seq })),
-          Effect.mapError(
-            (e) => new KvValueInvalid({ bucket, key, direction: "decode", message: e.message }),
-          ),
-        )
-      }),
-      Stream.runForEach((entry) => Effect.sync(() => entries.push(entry))),
-    )
-    return { entries, through, more }
+    const readUpTo = (end: number) =>
+      readSubject(stream, subject, through + 1, end).pipe(
+        Stream.takeWhile((m) => {
+          const put = m.header(operationHeader) === undefined
+          if (put && taken > 0 && bytes + m.data.length > maxBytes) {
+            more = true
+            return false
+          }
+          // A deletion is passed over, but counted as read, so the next read starts after it.
+          through = m.seq
+          if (put) {
+            taken += 1
+            bytes += m.data.length
+          }
+          return true
+        }),
+        Stream.filter((m) => m.header(operationHeader) === undefined),
+        Stream.mapEffect((m) => {
+          const key = m.subject.slice(prefix.length)
+          return decode(text.decode(m.data)).pipe(
+            Effect.map((value) => ({ key, value, revision: m.seq })),
+            Effect.mapError(
+              (e) => new KvValueInvalid({ bucket, key, direction: "decode", message: e.message }),
+            ),
+          )
+        }),
+        Stream.runForEach((entry) => Effect.sync(() => entries.push(entry))),
+      )
+    // A key written again while it was being read loses its earlier revision at once (one value
+    // per key), and its new one lies past the end the read was given: read on to the filter's new
+    // end until it stands (a few rounds; under writes that never stop, the rest is the next read's).
+    let end = last.value.seq
+    for (let round = 1; ; round++) {
+      yield* readUpTo(end)
+      if (more || round > EXTRA_ROUNDS) break
+      const now = yield* getMessage(stream, { lastOf: subject })
+      if (Option.isNone(now) || now.value.seq <= end) break
+      end = now.value.seq
+    }
+    // A key read in an earlier round and written again since is answered once, at its latest.
+    const seen = new Set<string>()
+    const latest: Array<KvChangeEntry<A>> = []
+    for (let i = entries.length - 1; i >= 0; i--) {
+      const entry = entries[i] as KvChangeEntry<A>
+      if (seen.has(entry.key)) continue
+      seen.add(entry.key)
+      latest.push(entry)
+    }
+    return { entries: latest.reverse(), through, more }
   })
