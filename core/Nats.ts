@@ -239,7 +239,10 @@ export const make = Effect.gen(function* () {
   void connection.closed().then(() => {
     up = false
   })
-  const js = jetstream(connection)
+  // No account-info round trip either when a store is opened (nats.js asks for it at every
+  // `Objm.open`, and the server sums every stream's usage to answer): the streams were made or
+  // checked by `Storage.layer`.
+  const js = jetstream(connection, { checkAPI: false })
   // No account-info round trip here: a cluster without a quorum does not answer it, and the role
   // should wait for one (`Storage.layer` says so and retries), not fail at connect.
   const jsm = yield* attempt("jetstreamManager", () => jetstreamManager(connection, { checkAPI: false }))

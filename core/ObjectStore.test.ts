@@ -31,6 +31,29 @@ const storedChunks = (store: ObjectStore.ObjectStore) =>
   )
 
 layer(layerAll())("ObjectStore", (it) => {
+  // A run's start opens stores on its way (the input's, the output's): nats.js asked the server for
+  // the account's JetStream info at each open, which sums every stream's usage.
+  it.effect("opening a store asks the server nothing", () =>
+    Effect.gen(function* () {
+      const { connection } = yield* Nats
+      const asked: Array<string> = []
+      const sub = connection.subscribe("$JS.API.>", {
+        callback: (_e, m) => {
+          asked.push(m.subject)
+        },
+      })
+      yield* Effect.addFinalizer(() => Effect.sync(() => sub.unsubscribe()))
+      yield* attempt("flush", () => connection.flush())
+      for (let i = 0; i < 3; i++) yield* files
+      yield* attempt("flush", () => connection.flush())
+      expect(asked).toEqual([])
+      // The subscription hears the API: a stream info asked for is seen.
+      yield* Effect.flatMap(Nats, ({ jsm }) => attempt("info", () => jsm.streams.names().next()))
+      yield* attempt("flush", () => connection.flush())
+      expect(asked.length).toBeGreaterThan(0)
+    }).pipe(Effect.scoped),
+  )
+
   for (const size of [0, 1, 128 * 1024, 128 * 1024 + 1, 700_001]) {
     it.effect(`round trip of ${size} bytes from an Effect stream in uneven pieces`, () =>
       Effect.gen(function* () {
