@@ -5,7 +5,8 @@
  * (Linux namespaces and cgroups) and, later, `qemu`.
  */
 
-import { chmod, mkdir, readdir, readFile, rename, writeFile } from "node:fs/promises"
+import { chmodSync, mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from "node:fs"
+import { readdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
@@ -123,9 +124,16 @@ export class MachineKeepFailed extends Data.TaggedError("MachineKeepFailed")<{
   readonly detail: string
 }> {}
 
+// The small files of a machine's folder, and `/proc`, are read and written synchronously (tens of
+// microseconds each): on a run's way to its machine, the thread pool that asynchronous calls queue
+// on is often busy with a machine being made or removed, and each call waited there 0.5–2 ms.
+
 /** Whether process `pid` runs (a zombie, which still answers signal 0, does not). */
 export const alive = async (pid: number): Promise<boolean> => {
-  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "")
+  let stat = ""
+  try {
+    stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+  } catch {}
   return stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
 }
 
@@ -138,8 +146,8 @@ const KEPT_FILE = "kept.json"
 // Whole or not at all: a crash midway leaves the earlier file (or none), never half of one.
 const writeKept = async (dir: string, kept: Kept) => {
   const file = join(dir, KEPT_FILE)
-  await writeFile(`${file}.new`, JSON.stringify(kept), { mode: 0o600 })
-  await rename(`${file}.new`, file)
+  writeFileSync(`${file}.new`, JSON.stringify(kept), { mode: 0o600 })
+  renameSync(`${file}.new`, file)
 }
 
 /**
@@ -154,15 +162,18 @@ export const machineFolder = async (
 ) => {
   if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
   const dir = join(machinesDir, id)
-  await mkdir(machinesDir, { recursive: true })
+  mkdirSync(machinesDir, { recursive: true })
   try {
-    await mkdir(dir, { mode })
+    mkdirSync(dir, { mode })
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== "EEXIST" || owner === undefined) throw e
-    const named = await readFile(join(dir, OWNER_FILE), "utf8").catch(() => undefined)
-    const entries = await readdir(dir)
+    let named: string | undefined
+    try {
+      named = readFileSync(join(dir, OWNER_FILE), "utf8")
+    } catch {}
+    const entries = readdirSync(dir)
     if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE)) throw e
-    await chmod(dir, mode)
+    chmodSync(dir, mode)
     return dir
   }
   await writeOwner(dir, owner)
@@ -214,7 +225,7 @@ const OWNER_FILE = "owner"
 
 /** Records `owner` in the machine folder `dir` (nothing when there is none). */
 export const writeOwner = async (dir: string, owner: string | undefined): Promise<void> => {
-  if (owner !== undefined) await writeFile(join(dir, OWNER_FILE), owner)
+  if (owner !== undefined) writeFileSync(join(dir, OWNER_FILE), owner)
 }
 
 /** The machines in `machinesDir` whose folder names `owner`. */
