@@ -476,8 +476,8 @@ export const make = (deps: RunDeps) => {
           if (run !== undefined) return { state: s, reply: { run } }
           const created = queuedRun(m, ctx.seq)
           ctx.schedule(timers.queue, Date.parse(m.created_at) + queueTimeoutMs, { _tag: "QueueTimeout" })
-          yield* project(created)
-          yield* noteLast(created)
+          // Two keys of their own, each write idempotent: side by side (a run's start waits on them).
+          yield* Effect.all([project(created), noteLast(created)], { concurrency: 2, discard: true })
           yield* Effect.logInfo("run queued").pipe(Effect.annotateLogs({ run: m.id, account: m.account }))
           return {
             state: { ...s, run: created, rate_usd_nanos_per_gib_hour: computeRate },

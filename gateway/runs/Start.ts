@@ -95,14 +95,16 @@ export const startRoute = documented(
         const settings = yield* RunRouteSettings.Tag
         // Limits read fresh (the principal's record comes from a watched cache, which may be a
         // moment behind an operator's change); the cached one if the account vanished meanwhile.
-        const fresh = yield* orInternal((yield* Accounts).account(principal.account.id), "account read")
+        // Both read at once (the start waits on them); refused below in the order above.
+        const readAccount = orInternal((yield* Accounts).account(principal.account.id), "account read")
+        const readFunction = orInternal(functions.get(principal.account.id, params.id), "function read")
+        const [fresh, fn] = yield* Effect.all([readAccount, readFunction], { concurrency: 2 })
         const account = Option.getOrElse(fresh, () => principal.account)
         // The auth step refused it if its cache knew; a suspension just written is caught here.
         if (account.state === "suspended") return yield* Effect.fail(ApiError.suspended())
 
         if (!mayUse(principal, params.id)) return yield* Effect.fail(ApiError.keyScope())
         const body = yield* decodeStart(raw)
-        const fn = yield* orInternal(functions.get(account.id, params.id), "function read")
         if (Option.isNone(fn)) return yield* Effect.fail(ApiError.notFound("function"))
         const n = body.version === 0 ? fn.value.latest : body.version
         const found = yield* orInternal(functions.version(fn.value.id, n), "version read")

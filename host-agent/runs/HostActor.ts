@@ -316,18 +316,16 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
           )
         }
         const at = timestamp(yield* Clock.currentTimeMillis)
-        yield* Mailbox.send(
-          Run,
-          run.id,
-          { _tag: "Started", host: host.id, at },
-          { msgId: `${run.id}:started` },
-        )
-        yield* Mailbox.send(
-          Scheduler,
-          schedulerId,
-          { _tag: "Placed", run: run.id, host: host.id },
-          { msgId: `${run.id}:placed` },
-        )
+        const sends = [
+          Mailbox.send(Run, run.id, { _tag: "Started", host: host.id, at }, { msgId: `${run.id}:started` }),
+          Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Placed", run: run.id, host: host.id },
+            { msgId: `${run.id}:placed` },
+          ),
+        ] as const
+        yield* Effect.all(sends, { concurrency: 2, discard: true })
         const machine = yield* RunMachine.start(run)
         held.set(run.id, machine)
         placing.delete(run.id)

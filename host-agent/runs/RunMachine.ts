@@ -140,6 +140,12 @@ class LifeFailed extends Schema.TaggedError<LifeFailed>()("LifeFailed", {
 }) {}
 const lifeFailed = (failure: RunFailure, detail: string) => new LifeFailed({ failure, detail })
 
+/** How the life takes a command the watch brought (given once the machine is ready). */
+type Take = (
+  record: CommandRecord,
+  revision: number,
+) => Effect.Effect<void, never, Nats | Storage | SealStream | Mailbox.Mailbox>
+
 // A command the watch delivered and the life could not take (kept apart from the watch's own
 // failures, which are retried: its error is not a `cause`, so it is never taken for NATS's).
 class Untaken extends Data.TaggedError("Untaken")<{ readonly error: { readonly _tag: string } }> {}
@@ -480,13 +486,52 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
 
     // ----- the life
 
+    // The run's commands as they change, each handed to `take` once it is given. The watch goes
+    // on through an outage of NATS: opened again one past the last change it delivered (every
+    // change before that one was handled whole). A command it could not take fails the life
+    // (`Untaken`: not retried, its change would not come again).
+    const watchCommands = (taking: Deferred.Deferred<Take>) =>
+      Effect.suspend(() =>
+        commands.watchEach(
+          kvKeys.commandsOf(runId),
+          {
+            ...(watched > 0 ? { fromRevision: watched + 1 } : {}),
+            skip: (_key, revision) => {
+              watched = revision
+              return ownWrites.delete(revision)
+            },
+          },
+          (change) =>
+            change._tag === "Put"
+              ? Effect.flatMap(Deferred.await(taking), (take) =>
+                  feedLock
+                    .withPermits(1)(take(change.value, change.revision))
+                    .pipe(Effect.mapError((error) => new Untaken({ error }))),
+                )
+              : Effect.void,
+        ),
+      ).pipe(
+        whileStoreAway,
+        Effect.mapError((e) =>
+          lifeFailed(
+            "infrastructure",
+            `watching the run's commands: ${describe(e instanceof Untaken ? e.error : e)}`,
+          ),
+        ),
+      )
+
     const life = (handOver: (d: Dispatcher.Dispatcher) => Effect.Effect<void>) =>
       Effect.gen(function* () {
+        // The commands' watch is opened now, beside the machine's way to ready (the server takes
+        // 5–10 ms to make its consumer); each change it brings waits there for `take`, which is
+        // given once the run actor was told the machine is ready.
+        const taking = yield* Deferred.make<Take>()
+        const watching = yield* Effect.fork(watchCommands(taking))
         const functions = yield* Functions
         const driver = yield* MachineDriver
         const secrets = yield* Secrets
         const basesDir = (yield* BasesSettings.Tag).dir
-        const version = yield* functions.version(run.function, run.version).pipe(
+        const readVersion = functions.version(run.function, run.version).pipe(
           // Read again while the store is away (a restart of nats-server), not failed at once.
           whileStoreAway,
           Effect.mapError((e) =>
@@ -505,7 +550,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             }),
           ),
         )
-        const files = yield* ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
+        const openFiles = ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
+        const [version, files] = yield* Effect.all([readVersion, openFiles], { concurrency: 2 })
         // The machine goes when the life's scope closes, made here or adopted. `made` is set inside
         // the acquisition (which is not interrupted once begun) once the machine is there, so an
         // interruption before it, or a create that failed, leaves the claim to its own finalizer.
@@ -699,16 +745,17 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
         }
         // Sent again by an adopting life (the id keeps it once): the earlier one may have died
         // between keeping the machine and sending it.
-        yield* send(
+        const sendReady = send(
           "the run actor it is ready",
           Effect.flatMap(now, (at) =>
             Mailbox.send(Run, runId, { _tag: "Ready", at }, { msgId: `${runId}:ready` }),
           ),
         )
+        const openOutputs = ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
+        const [, outputs] = yield* Effect.all([sendReady, openOutputs], { concurrency: 2 })
         if (kept === undefined) yield* log.append("ready")
 
         // Commands.
-        const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
         const context: CommandContext = {
           account: run.account,
           env,
@@ -960,36 +1007,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             )
           })
 
-        // The watch goes on through an outage of NATS: opened again one past the last change it
-        // delivered (every change before that one was handled whole). A command it could not take
-        // fails the life as before (`Untaken`: not retried, its change would not come again).
-        const watchCommands = Effect.suspend(() =>
-          commands.watchEach(
-            kvKeys.commandsOf(runId),
-            {
-              ...(watched > 0 ? { fromRevision: watched + 1 } : {}),
-              skip: (_key, revision) => {
-                watched = revision
-                return ownWrites.delete(revision)
-              },
-            },
-            (change) =>
-              change._tag === "Put"
-                ? feedLock
-                    .withPermits(1)(take(change.value, change.revision))
-                    .pipe(Effect.mapError((error) => new Untaken({ error })))
-                : Effect.void,
-          ),
-        )
-        yield* watchCommands.pipe(
-          whileStoreAway,
-          Effect.mapError((e) =>
-            lifeFailed(
-              "infrastructure",
-              `watching the run's commands: ${describe(e instanceof Untaken ? e.error : e)}`,
-            ),
-          ),
-        )
+        yield* Deferred.succeed(taking, take)
+        yield* Fiber.join(watching)
       })
 
     const lifeFiber = yield* life((d) => Deferred.succeed(dispatcherReady, d)).pipe(
