@@ -18,6 +18,7 @@ const benches: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> =
   ["actors", "actors.ts", []],
   ["machines", "machines.ts", ["10", "200"]],
   ["runs", "runs.ts", ["50", "200"]],
+  ["queue", "queue.ts", ["8", "5"]],
   ["agent", "agent.ts", ["200"]],
   ["prompt-cache", "prompt-cache.ts", ["20"]],
   ["chaos", "chaos.ts", ["30", "18"]],

@@ -204,6 +204,23 @@ describe("scheduler", () => {
           ).send
         expect(placedThere(c, [big])).toEqual([])
         expect(placedThere(b, [listed]).map((o) => o.id)).toEqual(["big"])
+        // A record still listing a run the scheduler freed (its `Freed` came before the record's
+        // write): that room is free already. c (4 vCPUs) fits big only with a's 2 given back.
+        const behind = hostRecord("big", { vcpus: 4, memory_mib: 16_384 }, [machineOf(a.run, "m")])
+        expect(behind.free_vcpus).toBe(2)
+        const onBehind = (s: Pick<SchedulerState, "placed" | "room">) =>
+          place({ queue: [c], offered: {}, suspect: {}, draining: [], ...s }, [behind]).send.map((o) => [
+            o.id,
+            (o.message as { run: string }).run,
+          ])
+        expect(onBehind({ placed: {}, room: {} })).toEqual([["big", c.run]])
+        // Still placed there: its room stays taken.
+        expect(
+          onBehind({
+            placed: { [a.run]: "big" },
+            room: { [a.run]: { vcpus: a.vcpus, memory_mib: a.memory_mib } },
+          }),
+        ).toEqual([])
         // A strict queue: c at the head fits nowhere, so b behind it waits although it fits.
         expect(
           place({ queue: [c, b], offered: {}, placed: {}, room: {}, suspect: {}, draining: [] }, [small])

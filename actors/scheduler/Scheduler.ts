@@ -169,6 +169,15 @@ export const place = (
           memory -= t.memory_mib
         }
     }
+    // The other way round: a run's machine the record still lists, though the run is neither
+    // offered nor placed here any more (its `Freed` came first), holds nothing: its room is free
+    // now, not at the record's next write, which would leave the next run waiting for a tick. Should
+    // the host still hold it after all, it refuses the offer.
+    for (const m of h.machines)
+      if (m.run !== undefined && s.offered[m.run] === undefined && s.placed[m.run] === undefined) {
+        vcpus += m.vcpus
+        memory += m.memory_mib
+      }
     free.set(h.id, { vcpus, memory })
   }
   const queue = [...s.queue]
