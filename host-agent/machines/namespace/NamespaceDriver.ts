@@ -222,40 +222,27 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
       failed.push(`${what}: ${e instanceof Error ? e.message : String(e)}`)
     }
   }
-  // Side by side where nothing orders them (most of each is a tool or the kernel at work, and a
-  // machine's end holds its room until it is done): the container's record, then its groups; the
-  // disk, then the folder that holds it; the rules; the network, then its slot.
-  await Promise.all([
-    (async () => {
-      // crun's own record of the container (it removes it when its `run` ends; a killed crun
-      // leaves it), before the groups, which its delete may remove too.
-      await step("crun state", () =>
-        run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined),
-      )
-      await step("cgroups", () => Cgroups.remove(s.cgroupRoot, id))
-    })(),
-    (async () => {
-      // The mounts lived only in the machine's mount namespaces, which died with its last
-      // process; detaching a loop device still in use by a dying mount defers the detach to its
-      // release.
-      await step("loop device", async () => {
-        const until = Date.now() + 5_000
-        for (;;) {
-          const loops = await loopsOf(dir)
-          if (loops.length === 0) return
-          for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
-          if (Date.now() > until) throw new Error(`still attached: ${loops.join(" ")}`)
-          await sleep(10)
-        }
-      })
-      await step("folder", () => fs.rm(dir, { recursive: true, force: true }))
-    })(),
-    step("network policy", () => Policy.detach(policy, Net.hostIfOf(id))),
-    (async () => {
-      await step("network", () => Net.down(id))
-      await step("network slot", () => Net.release(s.runDir, id))
-    })(),
-  ])
+  // crun's own record of the container (it removes it when its `run` ends; a killed crun leaves it).
+  await step("crun state", () =>
+    run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined),
+  )
+  // The mounts lived only in the machine's mount namespaces, which died with its last process;
+  // detaching a loop device still in use by a dying mount defers the detach to its release.
+  await step("loop device", async () => {
+    const until = Date.now() + 5_000
+    for (;;) {
+      const loops = await loopsOf(dir)
+      if (loops.length === 0) return
+      for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
+      if (Date.now() > until) throw new Error(`still attached: ${loops.join(" ")}`)
+      await sleep(10)
+    }
+  })
+  await step("cgroups", () => Cgroups.remove(s.cgroupRoot, id))
+  await step("network policy", () => Policy.detach(policy, Net.hostIfOf(id)))
+  await step("network", () => Net.down(id))
+  await step("network slot", () => Net.release(s.runDir, id))
+  await step("folder", () => fs.rm(dir, { recursive: true, force: true }))
   if (failed.length > 0) throw new Error(failed.join("; "))
 }
 
