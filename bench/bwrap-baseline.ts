@@ -135,9 +135,7 @@ export const bwrapBaseline: MachineDriverService = {
       try: () => destroyNow(id),
       catch: (e) => new MachineDestroyFailed({ id, detail: String(e) }),
     }),
-  // The baseline only makes and removes machines (its destroy stops them first); no later life
-  // takes one over.
-  stop: () => Effect.void,
+  // The baseline only makes and removes machines; no later life takes one over.
   owned: () => Effect.succeed([]),
   claim: () => Effect.void,
   keep: () => Effect.void,

@@ -90,11 +90,6 @@ export interface MachineDriverService {
   readonly create: (spec: MachineSpec) => Effect.Effect<Machine, MachineCreateFailed>
   /** Removes every trace of machine `id` (processes, mounts, devices, cgroups, network, files); idempotent. */
   readonly destroy: (id: string) => Effect.Effect<void, MachineDestroyFailed>
-  /**
-   * Ends every process of machine `id`, so the CPU and memory it held are free at once; `destroy`
-   * removes the rest (stopping it first if need be). Idempotent.
-   */
-  readonly stop: (id: string) => Effect.Effect<void, MachineDestroyFailed>
   /** The ids of the machines on this host made for `owner` (see `MachineSpec.owner`). */
   readonly owned: (owner: string) => Effect.Effect<ReadonlyArray<string>>
   /**

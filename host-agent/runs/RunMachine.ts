@@ -22,9 +22,8 @@
  *
  * A failure of the life tells the run actor (`Fail`) and leaves the machine for the `Stop` that
  * follows, so there is one way a machine goes away: `end`. It stops the life, cancels the commands
- * still running (their records end `cancelled`), writes the last log part, stops the machine's
- * processes, gives its capacity back and tells the scheduler `Freed` (a machine that does not stop
- * keeps its room until it is gone), then closes the guest session and removes the machine. `end`
+ * still running (their records end `cancelled`), writes the last log part, closes the guest
+ * session, destroys the machine, gives its capacity back and tells the scheduler `Freed`. `end`
  * runs once; later calls wait for it.
  *
  * Once ready (setup done), the machine is kept for a later life of this host agent
@@ -42,7 +41,6 @@ import {
   Deferred,
   Duration,
   Effect,
-  Either,
   ExecutionStrategy,
   Exit,
   Fiber,
@@ -284,14 +282,11 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
     // first, before the life can be stopped (a stop while it read the function version had left
     // the claim), so it runs last, after the machine's own.
     let made = false
-    const machines = yield* MachineDriver
+    const claims = yield* MachineDriver
     yield* ScopeOps.addFinalizer(
       scope,
-      Effect.suspend(() => (made ? Effect.void : Effect.ignore(machines.destroy(run.id)))),
+      Effect.suspend(() => (made ? Effect.void : Effect.ignore(claims.destroy(run.id)))),
     )
-    // The machine the life holds (made, warm or adopted): stopped first at the end, when its room
-    // goes back, before the rest of it is removed.
-    let machineId: string | undefined
     // Terminal sessions live here: closed before the machine's last log line, so theirs are in it.
     const terminals = yield* ScopeOps.fork(scope, ExecutionStrategy.sequential)
     const done = yield* Deferred.make<void>()
@@ -608,7 +603,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               ),
           ).pipe(ScopeOps.extend(scope))
           yield* ScopeOps.addFinalizer(scope, warm.value.close)
-          machineId = machine.id
           clientKey = warm.value.clientKey
           guest = warm.value.guest
           yield* log.append("machine", { size: run.size, base: run.base, host: host.id, warm: true })
@@ -638,7 +632,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               ),
             ),
           )
-          machineId = machine.id
           yield* log.append("machine", {
             size: run.size,
             base: run.base,
@@ -649,7 +642,6 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           guest = yield* connected(machine, clientKey, "connecting to the machine")
         } else {
           machine = yield* owning(Effect.succeed(kept))
-          machineId = machine.id
           const note = Option.getOrUndefined(decodeNote(earlier?.note))
           if (note?.key === undefined || note.account !== run.account)
             return yield* lifeFailed(
@@ -1122,26 +1114,17 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           failure === undefined ? {} : { failure: failure.failure, detail: failure.detail },
         )
         yield* log.end
-        // The room goes back once the machine's processes have ended: removing the rest of it
-        // (devices, network, files) takes a few hundred milliseconds on a busy host and needs none
-        // of the room. A machine that would not stop keeps it until it is gone.
-        const giveRoomBack = Effect.zipRight(
-          capacity.release(runId),
-          send(
-            "the scheduler the machine is gone",
-            Mailbox.send(
-              Scheduler,
-              schedulerId,
-              { _tag: "Freed", run: runId, host: host.id },
-              { msgId: `${runId}:freed` },
-            ),
+        yield* ScopeOps.close(scope, Exit.void)
+        yield* capacity.release(runId)
+        yield* send(
+          "the scheduler the machine is gone",
+          Mailbox.send(
+            Scheduler,
+            schedulerId,
+            { _tag: "Freed", run: runId, host: host.id },
+            { msgId: `${runId}:freed` },
           ),
         )
-        const stopped =
-          machineId !== undefined && Either.isRight(yield* Effect.either(machines.stop(machineId)))
-        if (stopped) yield* giveRoomBack
-        yield* ScopeOps.close(scope, Exit.void)
-        if (!stopped) yield* giveRoomBack
         yield* Effect.logInfo("run machine ended").pipe(Effect.annotateLogs({ run: runId }))
       }).pipe(
         Effect.provide(services),

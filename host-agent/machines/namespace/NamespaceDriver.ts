@@ -199,20 +199,16 @@ const loopsOf = async (dir: string) =>
     .map((l) => l.trim())
     .filter((l) => l.length > 0)
 
-/** Ends machine `id`'s processes, with the disk throttles lifted so none is stuck in throttled I/O. */
-const stopNow = async (s: Settings, id: string): Promise<void> => {
-  await Cgroups.unthrottle(s.cgroupRoot, id)
-  await Cgroups.killAll(s.cgroupRoot, id, s.termGraceMs)
-}
-
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
   // Only claimed (a run on a warm machine keeps such a folder): no machine was begun under this
   // id, so there are no processes, devices, groups or rules to look for.
   if (claimedOnly(dir)) return fs.rm(dir, { recursive: true, force: true })
-  // Processes first. Until they are gone nothing else is released (above all not the network
-  // slot, whose uid range they hold): a failure here leaves the machine whole for the next destroy.
-  await stopNow(s, id)
+  // Processes first, with the disk throttles lifted so none is stuck in throttled I/O. Until they
+  // are gone nothing else is released (above all not the network slot, whose uid range they hold):
+  // a failure here leaves the machine whole for the next destroy.
+  await Cgroups.unthrottle(s.cgroupRoot, id)
+  await Cgroups.killAll(s.cgroupRoot, id, s.termGraceMs)
   // The rest is done step by step, each tried whatever the others did; what failed is reported.
   const failed: Array<string> = []
   const step = async (what: string, f: () => Promise<unknown>) => {
@@ -435,11 +431,6 @@ export const make = (
   destroy: (id) =>
     Effect.tryPromise({
       try: () => destroyNow(s, policy, id),
-      catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
-    }),
-  stop: (id) =>
-    Effect.tryPromise({
-      try: () => stopNow(s, id),
       catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
     }),
   owned: (owner) => ownedIn(s.machinesDir, owner),

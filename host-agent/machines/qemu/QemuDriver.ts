@@ -183,10 +183,12 @@ const tapDown = async (s: Settings, policy: Policy.PolicySettingsValue, id: stri
   await Net.release(s.runDir, id)
 }
 
-/** Ends machine `id`'s QEMU process. */
-const stopNow = async (s: Settings, id: string): Promise<void> => {
+const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
-  const pid = await qemuOf(join(s.machinesDir, id))
+  const dir = join(s.machinesDir, id)
+  // Only claimed (a run on a warm machine keeps such a folder): no machine, no tap.
+  if (claimedOnly(dir)) return fs.rm(dir, { recursive: true, force: true })
+  const pid = await qemuOf(dir)
   if (pid !== undefined) {
     // QEMU exits at once on SIGTERM; SIGKILL is for one that is stuck.
     process.kill(pid, "SIGTERM")
@@ -199,14 +201,6 @@ const stopNow = async (s: Settings, id: string): Promise<void> => {
       await sleep(10)
     }
   }
-}
-
-const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
-  if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
-  const dir = join(s.machinesDir, id)
-  // Only claimed (a run on a warm machine keeps such a folder): no machine, no tap.
-  if (claimedOnly(dir)) return fs.rm(dir, { recursive: true, force: true })
-  await stopNow(s, id)
   // The tap outlives QEMU (it was made persistent before QEMU opened it).
   if (s.network === "tap") await tapDown(s, policy, id)
   await fs.rm(dir, { recursive: true, force: true })
@@ -394,11 +388,6 @@ export const make = (
     destroy: (id) =>
       Effect.tryPromise({
         try: () => destroyNow(s, policy, id),
-        catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
-      }),
-    stop: (id) =>
-      Effect.tryPromise({
-        try: () => stopNow(s, id),
         catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
       }),
     owned: (owner) => ownedIn(s.machinesDir, owner),
