@@ -180,19 +180,6 @@ export const machineFolder = async (
   return dir
 }
 
-/**
- * Whether machine folder `dir` holds only what `claim` writes (its owner and note): no machine was
- * begun in it, so removing the folder removes everything of the id (a warm machine's run keeps
- * such a folder, naming the machine). False when there is no folder.
- */
-export const claimedOnly = (dir: string): boolean => {
-  try {
-    return readdirSync(dir).every((f) => f === OWNER_FILE || f === KEPT_FILE)
-  } catch {
-    return false
-  }
-}
-
 /** `claim` for drivers whose machines have a folder in `machinesDir` (see `machineFolder`). */
 export const claimIn =
   (machinesDir: string): MachineDriverService["claim"] =>

@@ -27,7 +27,6 @@ import * as Policy from "../../network/Policy.ts"
 import {
   adoptIn,
   alive,
-  claimedOnly,
   claimIn,
   guestSshdConfig,
   keepIn,
@@ -201,9 +200,6 @@ const loopsOf = async (dir: string) =>
 
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
-  // Only claimed (a run on a warm machine keeps such a folder): no machine was begun under this
-  // id, so there are no processes, devices, groups or rules to look for.
-  if (claimedOnly(dir)) return fs.rm(dir, { recursive: true, force: true })
   // Processes first, with the disk throttles lifted so none is stuck in throttled I/O. Until they
   // are gone nothing else is released (above all not the network slot, whose uid range they hold):
   // a failure here leaves the machine whole for the next destroy.

@@ -27,7 +27,6 @@ import * as Policy from "../../network/Policy.ts"
 import {
   adoptIn,
   alive,
-  claimedOnly,
   claimIn,
   keepIn,
   limitsOf,
@@ -186,8 +185,6 @@ const tapDown = async (s: Settings, policy: Policy.PolicySettingsValue, id: stri
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
   const dir = join(s.machinesDir, id)
-  // Only claimed (a run on a warm machine keeps such a folder): no machine, no tap.
-  if (claimedOnly(dir)) return fs.rm(dir, { recursive: true, force: true })
   const pid = await qemuOf(dir)
   if (pid !== undefined) {
     // QEMU exits at once on SIGTERM; SIGKILL is for one that is stuck.
