@@ -65,6 +65,8 @@ export const changesAfter = <A, I>(
     let bytes = 0
     let through = after
     let more = false
+    // Writes on the filter past the last message read, as the server counted when it delivered it.
+    let pendingAfter = 0
     const readUpTo = (end: number) =>
       readSubject(stream, subject, through + 1, end).pipe(
         Stream.takeWhile((m) => {
@@ -75,6 +77,7 @@ export const changesAfter = <A, I>(
           }
           // A deletion is passed over, but counted as read, so the next read starts after it.
           through = m.seq
+          pendingAfter = m.pending ?? 0
           if (put) {
             taken += 1
             bytes += m.data.length
@@ -94,12 +97,15 @@ export const changesAfter = <A, I>(
         Stream.runForEach((entry) => Effect.sync(() => entries.push(entry))),
       )
     // A key written again while it was being read loses its earlier revision at once (one value
-    // per key), and its new one lies past the end the read was given: read on to the filter's new
-    // end until it stands (a few rounds; under writes that never stop, the rest is the next read's).
+    // per key), and its new one lies past the end the read was given; the server then counts it
+    // pending when it delivers the last message. Read on to the filter's new end until nothing is
+    // (a few rounds; under writes that never stop, the rest is the next read's). A read no write
+    // overtook asks nothing more.
     let end = last.value.seq
     for (let round = 1; ; round++) {
+      pendingAfter = 0
       yield* readUpTo(end)
-      if (more || round > EXTRA_ROUNDS) break
+      if (more || pendingAfter === 0 || round > EXTRA_ROUNDS) break
       const now = yield* getMessage(stream, { lastOf: subject })
       if (Option.isNone(now) || now.value.seq <= end) break
       end = now.value.seq

@@ -18,6 +18,8 @@ export interface StoredMessage {
   readonly data: Uint8Array
   /** A header's first value. */
   readonly header: (name: string) => string | undefined
+  /** From `readSubject`: how many messages on the subject came after this one when it was delivered. */
+  readonly pending?: number
 }
 
 /**
@@ -54,6 +56,7 @@ const fromJs = (m: JsMsg): StoredMessage => ({
   seq: m.seq,
   data: m.data,
   header: headerOf(m.headers),
+  pending: m.info.pending,
 })
 
 /** Gets one message by query; none when no message matches. */
