@@ -158,10 +158,10 @@ describe("a 3-node NATS cluster", () => {
         ),
       ])
       urls = [stack.url, second]
-      acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
       // The second worker takes half of every mailbox partition over in its first seconds; a
-      // partition being moved answers nothing meanwhile (a run started then may time out), so the
-      // runs start once both workers hold their halves.
+      // partition being moved answers nothing meanwhile (an ask sent then may time out: the
+      // account's credit once did, on a busy machine), so the account is made and the runs start
+      // once both workers hold their halves.
       await stack.run(
         Effect.gen(function* () {
           const { names } = yield* StorageTag
@@ -186,6 +186,7 @@ describe("a 3-node NATS cluster", () => {
           )
         }),
       )
+      acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
     }, 300_000)
 
     afterAll(() => closeStack(stack), 120_000)
