@@ -3,7 +3,9 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
-import { cpusOf, make } from "./NamespaceDriver.ts"
+import * as Cgroups from "./Cgroups.ts"
+import { run } from "./exec.ts"
+import { cpusOf, loopsOf, make } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
@@ -181,6 +183,38 @@ describe("namespace driver", () => {
       expect(out.output).toBe("up\n")
     }
     for (const id of ids) expect(await leftovers(id)).toEqual([])
+  })
+
+  it("destroy ends processes that ignore SIGTERM and keep forking with the disk held open, and leaves nothing", async () => {
+    // A short grace, so the SIGKILL half is reached quickly.
+    const quick = make({ ...testDriverSettings, termGraceMs: 300 })
+    const s = spec("stubborn")
+    const machine = await Effect.runPromise(quick.create(s))
+    const dir = `${testDriverSettings.machinesDir}/${s.id}`
+    // The loop device as losetup finds it (by the image's inode) is the one the driver finds in sysfs.
+    const listed = (await run("losetup", ["-n", "-O", "NAME", "-j", `${dir}/disk.img`])).trim().split("\n")
+    expect(listed).toHaveLength(1)
+    expect(loopsOf(dir)).toEqual(listed)
+    const out = await Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+          g.bash({
+            command: [
+              // Out of the command's process group, deaf to SIGTERM, a file on the disk open, and
+              // a child made every 10 ms.
+              `setsid bash -c 'trap "" TERM; exec 3>/workspace/held; while :; do sleep 0.01 & wait; done' </dev/null >/dev/null 2>&1 &`,
+              `setsid bash -c 'trap "" TERM HUP; while :; do (trap "" TERM; sleep 100) & sleep 0.05; done' </dev/null >/dev/null 2>&1 &`,
+              "sleep 0.3; echo started",
+            ].join("\n"),
+          }),
+        ),
+      ),
+    )
+    expect(out.output).toBe("started\n")
+    expect((await Cgroups.tasks(testDriverSettings.cgroupRoot, s.id)).length).toBeGreaterThan(4)
+    await Effect.runPromise(quick.destroy(s.id))
+    expect(await leftovers(s.id)).toEqual([])
+    expect(loopsOf(dir)).toEqual([])
   })
 
   it("two machines run side by side on separate networks", async () => {

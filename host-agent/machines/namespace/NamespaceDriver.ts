@@ -14,7 +14,7 @@
  * are mounted in a private mount namespace made just before crun, so the host never sees them and
  * they vanish with the machine's processes.
  */
-import { readFileSync, writeFileSync } from "node:fs"
+import { readdirSync, readFileSync, realpathSync, writeFileSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
 import { availableParallelism } from "node:os"
@@ -191,12 +191,31 @@ const pinnedNow = async (s: Settings): Promise<Array<string>> => {
   return out
 }
 
-/** The loop devices backing machine `id`'s disk image. */
-const loopsOf = async (dir: string) =>
-  (await run("losetup", ["-n", "-O", "NAME", "-j", join(dir, "disk.img")]).catch(() => ""))
-    .split("\n")
-    .map((l) => l.trim())
-    .filter((l) => l.length > 0)
+/**
+ * The loop devices backing machine folder `dir`'s disk image, from the kernel's list in sysfs
+ * (`/sys/block/loopN/loop/backing_file`, the file's path from the host's root; `losetup -j` asks
+ * the same, at a tool run each). None when the image is gone: nothing can be found by it then.
+ */
+export const loopsOf = (dir: string): Array<string> => {
+  let image: string
+  try {
+    image = realpathSync(join(dir, "disk.img"))
+  } catch {
+    return []
+  }
+  const found: Array<string> = []
+  for (const name of readdirSync("/sys/block")) {
+    if (!name.startsWith("loop")) continue
+    let backing: string
+    try {
+      backing = readFileSync(join("/sys/block", name, "loop", "backing_file"), "utf8").trimEnd()
+    } catch {
+      continue // not attached
+    }
+    if (backing === image) found.push(join("/dev", name))
+  }
+  return found
+}
 
 const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
   const dir = join(s.machinesDir, id)
@@ -214,20 +233,27 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
       failed.push(`${what}: ${e instanceof Error ? e.message : String(e)}`)
     }
   }
-  // crun's own record of the container (it removes it when its `run` ends; a killed crun leaves it).
-  await step("crun state", () =>
-    run(s.crun, ["--root", crunRoot(s), "delete", "--force", id]).catch(() => undefined),
-  )
+  // crun's own record of the container: with no process left, `crun delete` only removes this
+  // folder and the groups (removed below), so it is removed here, without the tool run.
+  await step("crun state", () => fs.rm(join(crunRoot(s), id), { recursive: true, force: true }))
   // The mounts lived only in the machine's mount namespaces, which died with its last process;
   // detaching a loop device still in use by a dying mount defers the detach to its release.
+  // A device still in use is detached by the kernel at its release, which comes within a few
+  // milliseconds: each is asked once, then looked at after 1, 2, 4 and 8 ms and every 10 ms after,
+  // asked again at each of those (a kernel may refuse a busy device instead of deferring).
   await step("loop device", async () => {
     const until = Date.now() + 5_000
-    for (;;) {
-      const loops = await loopsOf(dir)
+    const asked = new Set<string>()
+    for (let pause = 1; ; pause = Math.min(10, pause * 2)) {
+      const loops = loopsOf(dir)
       if (loops.length === 0) return
-      for (const dev of loops) await run("losetup", ["-d", dev]).catch(() => undefined)
+      for (const dev of loops) {
+        if (asked.has(dev) && pause < 10) continue
+        asked.add(dev)
+        await run("losetup", ["-d", dev]).catch(() => undefined)
+      }
       if (Date.now() > until) throw new Error(`still attached: ${loops.join(" ")}`)
-      await sleep(10)
+      await sleep(pause)
     }
   })
   await step("cgroups", () => Cgroups.remove(s.cgroupRoot, id))
