@@ -1,3 +1,6 @@
+import { readFileSync } from "node:fs"
+import { readdir, readFile } from "node:fs/promises"
+import { join } from "node:path"
 import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
@@ -9,6 +12,14 @@ import { cpusOf, loopsOf, make } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
+
+const readFileSyncOr = (path: string) => {
+  try {
+    return readFileSync(path, "utf8")
+  } catch {
+    return undefined
+  }
+}
 const keys = newKeys()
 let base: Base
 
@@ -190,31 +201,62 @@ describe("namespace driver", () => {
     const quick = make({ ...testDriverSettings, termGraceMs: 300 })
     const s = spec("stubborn")
     const machine = await Effect.runPromise(quick.create(s))
-    const dir = `${testDriverSettings.machinesDir}/${s.id}`
-    // The loop device as losetup finds it (by the image's inode) is the one the driver finds in sysfs.
-    const listed = (await run("losetup", ["-n", "-O", "NAME", "-j", `${dir}/disk.img`])).trim().split("\n")
-    expect(listed).toHaveLength(1)
-    expect(loopsOf(dir)).toEqual(listed)
-    const out = await Effect.runPromise(
-      Effect.scoped(
-        Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
-          g.bash({
-            command: [
-              // Out of the command's process group, deaf to SIGTERM, a file on the disk open, and
-              // a child made every 10 ms.
-              `setsid bash -c 'trap "" TERM; exec 3>/workspace/held; while :; do sleep 0.01 & wait; done' </dev/null >/dev/null 2>&1 &`,
-              `setsid bash -c 'trap "" TERM HUP; while :; do (trap "" TERM; sleep 100) & sleep 0.05; done' </dev/null >/dev/null 2>&1 &`,
-              "sleep 0.3; echo started",
-            ].join("\n"),
-          }),
+    try {
+      const dir = `${testDriverSettings.machinesDir}/${s.id}`
+      // The loop device as losetup finds it (by the image's inode) is the one the driver finds in sysfs.
+      const listed = (await run("losetup", ["-n", "-O", "NAME", "-j", `${dir}/disk.img`])).trim().split("\n")
+      expect(listed).toHaveLength(1)
+      expect(loopsOf(dir)).toEqual(listed)
+      const away = "echo $BASHPID > /sys/fs/cgroup/memory/cgroup.procs"
+      const out = await Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+            g.bash({
+              command: [
+                // Out of the command's process group and memory group (whose processes the command's
+                // end kills), deaf to SIGTERM, a file on the disk open, and a child made every 10 ms.
+                `setsid bash -c '${away}; trap "" TERM; exec 3>/workspace/held; while :; do sleep 0.01 & wait; done' </dev/null >/dev/null 2>&1 &`,
+                `setsid bash -c '${away}; trap "" TERM HUP; while :; do (trap "" TERM; sleep 100) & sleep 0.05; done' </dev/null >/dev/null 2>&1 &`,
+                "sleep 0.3; echo started",
+              ].join("\n"),
+            }),
+          ),
         ),
-      ),
-    )
-    expect(out.output).toBe("started\n")
-    expect((await Cgroups.tasks(testDriverSettings.cgroupRoot, s.id)).length).toBeGreaterThan(4)
-    await Effect.runPromise(quick.destroy(s.id))
-    expect(await leftovers(s.id)).toEqual([])
-    expect(loopsOf(dir)).toEqual([])
+      )
+      expect(out.output).toBe("started\n")
+      // The machine's pids group, which the kill looks at, holds every process of its groups in
+      // every hierarchy (the commands' memory groups included): each process found in any of them
+      // is in it (as the process itself says; children come and go every 10 ms).
+      const everywhere = new Set<number>()
+      const walk = async (dir: string): Promise<void> => {
+        for (const e of await readdir(dir, { withFileTypes: true }).catch(() => []))
+          if (e.isDirectory()) await walk(join(dir, e.name))
+        for (const line of (await readFile(join(dir, "cgroup.procs"), "utf8").catch(() => "")).split("\n"))
+          if (line !== "") everywhere.add(Number(line))
+      }
+      for (const h of await Cgroups.hierarchies(testDriverSettings.cgroupRoot))
+        await walk(Cgroups.groupOf(testDriverSettings.cgroupRoot, h, s.id))
+      const listed2 = await Cgroups.tasks(testDriverSettings.cgroupRoot, s.id)
+      // They outlived their command: its children's `sleep 100` are running.
+      const sleepers = listed2.filter((pid) =>
+        (readFileSyncOr(`/proc/${pid}/cmdline`) ?? "").startsWith("sleep\u0000100"),
+      )
+      expect(sleepers.length).toBeGreaterThan(0)
+      expect(everywhere.size).toBeGreaterThan(4)
+      for (const pid of everywhere) {
+        const pidsLine = (readFileSyncOr(`/proc/${pid}/cgroup`) ?? "")
+          .split("\n")
+          .find((l) => /^\d+:pids:/.test(l))
+        if (pidsLine !== undefined)
+          expect(pidsLine, `pid ${pid}`).toMatch(new RegExp(`:/hangar/${s.id}(/|$)`))
+      }
+      await Effect.runPromise(quick.destroy(s.id))
+      expect(await leftovers(s.id)).toEqual([])
+      expect(loopsOf(dir)).toEqual([])
+    } finally {
+      // Also when an assertion failed: its processes would go on forking.
+      await Effect.runPromise(quick.destroy(s.id))
+    }
   })
 
   it("two machines run side by side on separate networks", async () => {

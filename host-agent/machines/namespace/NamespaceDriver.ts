@@ -14,7 +14,7 @@
  * are mounted in a private mount namespace made just before crun, so the host never sees them and
  * they vanish with the machine's processes.
  */
-import { readdirSync, readFileSync, realpathSync, writeFileSync } from "node:fs"
+import { readdirSync, readFileSync, realpathSync, statSync, writeFileSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
 import { availableParallelism } from "node:os"
@@ -206,11 +206,14 @@ export const loopsOf = (dir: string): Array<string> => {
   const found: Array<string> = []
   for (const name of readdirSync("/sys/block")) {
     if (!name.startsWith("loop")) continue
+    const file = join("/sys/block", name, "loop", "backing_file")
+    // Only an attached device has it (looked at without a thrown error: a host has dozens unattached).
+    if (statSync(file, { throwIfNoEntry: false }) === undefined) continue
     let backing: string
     try {
-      backing = readFileSync(join("/sys/block", name, "loop", "backing_file"), "utf8").trimEnd()
+      backing = readFileSync(file, "utf8").trimEnd()
     } catch {
-      continue // not attached
+      continue // detached meanwhile
     }
     if (backing === image) found.push(join("/dev", name))
   }
