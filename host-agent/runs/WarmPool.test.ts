@@ -114,10 +114,14 @@ describe("warm pool", () => {
     const waiting = Effect.runFork(pool.take(base, "s"))
     await until("the machine promised", async () => (await run(pool.making)).some((m) => m.claimed))
     await run(Fiber.interrupt(waiting))
-    expect(await run(pool.making)).toEqual([{ base, size: "s", claimed: false }])
-    // Made, it waits in the pool for the next run; no second machine is made beside it.
-    await until("the machine ready", async () => (await run(pool.ready)).length === 1)
-    expect(await run(pool.making)).toEqual([])
+    // Given back: no machine is promised any more. (While it was promised the pool may have begun
+    // another for itself.)
+    const making = await run(pool.making)
+    expect(making.length).toBeGreaterThanOrEqual(1)
+    expect(making.every((m) => !m.claimed && m.base === base && m.size === "s")).toBe(true)
+    // Made, it waits in the pool for the next run; the pool keeps no more than its one machine.
+    await until("every machine made", async () => (await run(pool.making)).length === 0)
+    expect(await run(pool.ready)).toHaveLength(1)
     expect(await owned()).toHaveLength(1)
   }, 120_000)
 

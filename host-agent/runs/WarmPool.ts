@@ -15,7 +15,10 @@
  * - A run that finds none ready while one of its base and size is being made, and not yet promised
  *   to another run, waits for that one: it was begun earlier, so it is ready before a machine made
  *   for the run would be (and a second machine made beside it would slow both). If it is not made,
- *   the run's own machine is made as before.
+ *   the run's own machine is made as before. The pool begins another for itself meanwhile; should
+ *   the run stop waiting, the one it gave back is kept and one made beyond the setting is removed.
+ * - The offered bases are read again at most every 5 s (and after a machine not made): the pool
+ *   looks at them at every event, several times a run.
  * - The budget is for running work: warm machines hold none of it, so the scheduler never keeps a
  *   run waiting for them. They are kept only while the room they would take if they ran is free
  *   (vCPUs and memory of the host's budget), and they yield — the oldest is destroyed — as soon as
@@ -148,6 +151,9 @@ interface Making {
 /** How many machines the pool makes at once. */
 export const makingAtOnce = 2
 
+/** How long the pool goes by the bases it read (`WarmPool.make`'s filler). */
+const OFFERED_FRESH_MS = 5_000
+
 /** The pool for the life of the scope (its machines are destroyed when it closes). */
 export const make = Effect.gen(function* () {
   const settings = yield* WarmSettings.Tag
@@ -209,7 +215,7 @@ export const make = Effect.gen(function* () {
     if (going.length > 0) yield* destroyLater(going)
   })
 
-  const makeOne = (base: Bases.Base, size: SizeName) =>
+  const makeOne = (base: Bases.Base, size: SizeName, m: Making) =>
     Effect.gen(function* () {
       const id = `${warmPrefix}${randomBytes(10).toString("hex")}`
       const keys = { client: newKeyPair(), host: newKeyPair() }
@@ -248,6 +254,18 @@ export const make = Effect.gen(function* () {
         )
         return false
       }
+      // The pool already holds as many as it keeps: this one was begun while another, promised
+      // to a run, was being made, and that run stopped waiting and gave it back. Not kept beyond
+      // the setting (unless a run waits for this one now).
+      if (
+        !m.claimed &&
+        ready.filter((e) => e.base === base.name && e.size === size).length >= settings.machines
+      ) {
+        yield* Scope.close(scope, Exit.void)
+        yield* removeMachine(id)
+        yield* Effect.logInfo("warm machine not needed").pipe(Effect.annotateLogs({ machine: id }))
+        return true
+      }
       ready.push({
         machine,
         base: base.name,
@@ -263,13 +281,23 @@ export const make = Effect.gen(function* () {
       return true
     })
 
+  // The bases offered, read again after `OFFERED_FRESH_MS` or a machine not made. The filler asks
+  // at every event (a machine made or taken, room back), several times a run, and reading them is
+  // a dozen file reads; a base is built or removed in minutes.
+  let offeredRead: { readonly at: number; readonly bases: ReadonlyArray<Bases.Base> } | undefined
+  const offeredBases = Effect.gen(function* () {
+    if (offeredRead !== undefined && Date.now() - offeredRead.at < OFFERED_FRESH_MS) return offeredRead.bases
+    const offered = yield* Bases.served(bases.recipes)
+    const found = (yield* Bases.list(bases.dir)).filter(offered)
+    offeredRead = { at: Date.now(), bases: found }
+    return found
+  })
+
   // The offered bases and kept sizes that want another machine, the ones with the fewest first.
   const wanted = Effect.gen(function* () {
-    const offered = yield* Bases.served(bases.recipes)
     const have = (base: string, size: SizeName) =>
       [...ready, ...unclaimed()].filter((m) => m.base === base && m.size === size).length
-    return (yield* Bases.list(bases.dir))
-      .filter(offered)
+    return (yield* offeredBases)
       .flatMap((base) => settings.sizes.map((size) => ({ base, size, have: have(base.name, size) })))
       .filter((w) => w.have < settings.machines)
       .sort((a, b) => a.have - b.have)
@@ -277,7 +305,7 @@ export const make = Effect.gen(function* () {
 
   // Up to `makingAtOnce` machines at once while a base and size want one and the room holds it (the
   // one with the fewest that fits); else sleep until poked (a machine made, taken or yielded; room
-  // back) or 5 s (a base may have been built).
+  // back) or 5 s (a base may have been built: the bases are read again at most every 5 s).
   const filler = Effect.gen(function* () {
     for (;;) {
       const next = yield* Deferred.make<void>()
@@ -299,11 +327,15 @@ export const make = Effect.gen(function* () {
         making.push(m)
         // Not cut midway: a machine being made when the pool closes is finished, then destroyed
         // (the fiber is the pool scope's, stopped before its machines are destroyed).
-        yield* makeOne(want.base, want.size).pipe(
+        yield* makeOne(want.base, want.size, m).pipe(
           Effect.tap((ok) =>
             Effect.sync(() => {
-              // Not made (the host's disk, say): tried again in 30 s, not at every event.
-              if (!ok) retryAt = Date.now() + 30_000
+              // Not made (the host's disk, say): tried again in 30 s, not at every event, with
+              // the bases read again (the one tried may be gone).
+              if (!ok) {
+                retryAt = Date.now() + 30_000
+                offeredRead = undefined
+              }
             }),
           ),
           Effect.ensuring(

@@ -180,12 +180,26 @@ export const cpusOf = (
   return picked.join(",")
 }
 
-/** The cpusets of the machines on the host now. */
-const pinnedNow = async (s: Settings): Promise<Array<string>> => {
+/** The cpusets of the machines on the host now (cgroupfs files: read synchronously, as `Cgroups`). */
+const pinnedNow = (s: Settings): Array<string> => {
   const root = join(s.cgroupRoot, "cpuset", "hangar")
   const out: Array<string> = []
-  for (const id of await fs.readdir(root).catch(() => [] as Array<string>)) {
-    const list = await fs.readFile(join(root, id, "cpuset.cpus"), "utf8").catch(() => "")
+  let ids: Array<string> = []
+  try {
+    // The machines' groups: the folder's files are the group's own settings.
+    ids = readdirSync(root, { withFileTypes: true })
+      .filter((e) => e.isDirectory())
+      .map((e) => e.name)
+  } catch {
+    return out
+  }
+  for (const id of ids) {
+    let list = ""
+    try {
+      list = readFileSync(join(root, id, "cpuset.cpus"), "utf8")
+    } catch {
+      continue // the machine is gone
+    }
     if (list.trim() !== "") out.push(list)
   }
   return out
@@ -369,7 +383,7 @@ const createNow = async (
     })
 
     step = "container"
-    const cpus = cpusOf(limits.vcpus, await pinnedNow(s))
+    const cpus = cpusOf(limits.vcpus, pinnedNow(s))
     writeFileSync(
       join(dir, "config.json"),
       JSON.stringify(
