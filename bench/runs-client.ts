@@ -4,9 +4,10 @@
  * keep-alive connection (a client's usual reuse) through `node:http`, not `fetch`: undici's `fetch`
  * took twice the CPU here (1.9 against 0.9 ms per command), and the caller shares this machine's
  * two cores with the guest, whose `bash` that slows (one core kept busy takes a bare exec from 2.7
- * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts; runs the round-trip
- * phase in `blocks` blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its
- * command count) and followed by a wait for any message from the parent; and at last
+ * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts, and `{ phase: "paced" }`
+ * between the runs one after another and the paced ones; runs the round-trip phase in `blocks`
+ * blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its command count) and
+ * followed by a wait for any message from the parent; and at last
  * `{ first, paced, pacedMs, rtt }`: milliseconds from `POST …/runs` to the first `bash true`
  * result with runs one after another, and again with a run started every `pacedMs`; and per
  * command round trip.
@@ -103,6 +104,7 @@ for (let i = 0; i < Number(runsArg); i++) {
 // start costs once the host has caught up with the last one (warm machines made again).
 const pacedMs = 500
 const paced: Array<number> = []
+send({ phase: "paced" })
 for (let i = 0; i < Math.ceil(Number(runsArg) / 2); i++) {
   const t0 = performance.now()
   const run = await start()

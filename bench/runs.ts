@@ -87,6 +87,8 @@ interface Figures {
   readonly bare: Array<number>
   /** The server's CPU per command when its roles run in this process. */
   readonly cpuMs: number | undefined
+  /** The host's log lines while the runs one after another started (their machines' takes). */
+  readonly firstLines: ReadonlyArray<string>
 }
 
 /**
@@ -101,12 +103,16 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       { execArgv: ["--import", "tsx"], cwd: root, stdio: ["ignore", "inherit", "inherit", "ipc"] },
     )
     const bareRtt: Array<number> = []
+    // The log lines of the runs one after another: from the first start to the paced phase.
+    let linesFrom: number | undefined
+    let firstLines: ReadonlyArray<string> = []
     // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
     let cpuUs = 0
     child.on("message", (raw) => {
       const m = raw as {
         started?: string
+        phase?: string
         block?: string
         size?: number
         first?: Array<number>
@@ -114,7 +120,11 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         pacedMs?: number
         rtt?: Array<number>
       }
-      if (m.started !== undefined) stack.runs.add(m.started)
+      if (m.started !== undefined) {
+        stack.runs.add(m.started)
+        linesFrom ??= stack.lines.length
+      }
+      if (m.phase === "paced") firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
       if (m.block === "start") cpu0 = process.cpuUsage()
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
@@ -139,6 +149,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
           rtt: m.rtt,
           bare: bareRtt,
           cpuMs: stack.processes ? undefined : cpuUs / 1000 / commands,
+          firstLines,
         })
     })
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
@@ -216,11 +227,23 @@ const main = async () => {
     if (only.has("warm"))
       topologies.push(["one process (npm start), 2 warm machines", await measure(false, bare, 2)])
     const paced = await bare.paced(Math.min(commands, 50))
-    for (const [name, { first, paced, pacedMs, rtt, bare: baseline, cpuMs }] of topologies) {
+    for (const [name, { first, paced, pacedMs, rtt, bare: baseline, cpuMs, firstLines }] of topologies) {
       console.log(`${name}:`)
       console.log(
         `  POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
       )
+      // With warm machines: which of those runs found one ready, and which waited for one being
+      // made (the pool makes two at once; one after another, runs come faster than that).
+      const takes = firstLines.filter((l) => l.includes('"msg":"warm machine taken"'))
+      if (takes.length > 0) {
+        const waited = takes.flatMap((l) => {
+          const w = /"waited_ms":(\d+)/.exec(l)?.[1]
+          return w === undefined ? [] : [Number(w)]
+        })
+        console.log(
+          `  of those runs, on a warm machine ready: ${takes.length - waited.length}; on one being made, waited for: ${waited.length}${waited.length > 0 ? ` (p50 ${ms(pct(waited, 50))})` : ""}; on a machine of their own: ${runs - takes.length}`,
+        )
+      }
       console.log(
         `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}`,
       )
