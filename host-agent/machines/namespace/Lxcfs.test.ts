@@ -66,5 +66,18 @@ describe("lxcfs", () => {
       .split("\n")
       .filter((l) => l.includes(` ${mount} `))
     expect(serving).toHaveLength(1)
+
+    // Running, it is known to serve from its process and the mount table, without a read of the
+    // mount: a stopped lxcfs (a read would wait for it) holds no machine's start.
+    process.kill(second, "SIGSTOP")
+    try {
+      const answer = await Promise.race([
+        Lxcfs.ensure(mount, pidFile),
+        new Promise((r) => setTimeout(() => r("no answer in 5 s"), 5_000)),
+      ])
+      expect(answer).toBe(true)
+    } finally {
+      process.kill(second, "SIGCONT")
+    }
   })
 })

@@ -6,6 +6,7 @@
  * it runs have its files bound over their `/proc` files).
  */
 import { spawn } from "node:child_process"
+import { readFileSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { run } from "./exec.ts"
@@ -31,6 +32,28 @@ const serving = (mount: string) =>
     (text) => text.includes("MemTotal"),
     () => false,
   )
+
+/**
+ * Whether the lxcfs `pidFile` names runs and an lxcfs FUSE mount is at `mount`, found without
+ * reading the mount (a read is a FUSE round trip and four steps of the host agent's thread, each
+ * waiting its turn: ~7 ms of a machine's start while runs keep it busy; and an lxcfs that hangs
+ * would hang a synchronous reader).
+ */
+const knownServing = (mount: string, pidFile: string): boolean => {
+  try {
+    const pid = Number(readFileSync(pidFile, "utf8").trim())
+    if (!(pid > 0)) return false
+    // `<pid> (lxcfs) <state> …`: running, not a killed one not yet reaped (`Z`).
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+    if (!stat.startsWith(`${pid} (lxcfs) `) || state === "Z" || state === "X") return false
+    return readFileSync("/proc/self/mountinfo", "utf8")
+      .split("\n")
+      .some((line) => line.split(" ")[4] === mount && line.includes(" - fuse.lxcfs "))
+  } catch {
+    return false
+  }
+}
 
 const starts = new Map<string, Promise<boolean>>()
 
@@ -77,7 +100,7 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
 export const ensure = async (mount = MOUNT, pidFile = "/run/hangar-lxcfs.pid"): Promise<boolean> => {
   const earlier = starts.get(mount)
   if (earlier !== undefined) {
-    const ok = (await earlier) && (await serving(mount))
+    const ok = (await earlier) && (knownServing(mount, pidFile) || (await serving(mount)))
     // Another caller started it again meanwhile: that start is the one to wait for.
     if (starts.get(mount) !== earlier) return ensure(mount, pidFile)
     if (ok) return true
