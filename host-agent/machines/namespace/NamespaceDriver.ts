@@ -263,7 +263,7 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
   }
   // crun's own record of the container: with no process left, `crun delete` only removes this
   // folder and the groups (removed below), so it is removed here, without the tool run.
-  await step("crun state", () => fs.rm(join(crunRoot(s), id), { recursive: true, force: true }))
+  await step("crun state", async () => rmSync(join(crunRoot(s), id), { recursive: true, force: true }))
   // The mounts lived only in the machine's mount namespaces, which died with its last process;
   // detaching a loop device still in use by a dying mount defers the detach to its release.
   // A device still in use is detached by the kernel at its release, which comes within a few

@@ -4,7 +4,7 @@
  * folder, so several host-agent processes (or test files) never hand out the same addresses.
  */
 import { createHash } from "node:crypto"
-import * as fs from "node:fs/promises"
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { run } from "./exec.ts"
 
@@ -39,21 +39,25 @@ const leaseOf = (pool: string, id: string, slot: number): NetLease => ({
   guestAddress: addressOf(pool, slot, 2),
 })
 
-/** Leases a free slot for machine `id`. */
+/**
+ * Leases a free slot for machine `id`. The slot files are in the run folder (a tmpfs): written
+ * synchronously, as the machine folder's small files.
+ */
 export const lease = async (runDir: string, pool: string, id: string): Promise<NetLease> => {
   const slots = join(runDir, "net", "slot")
   const byId = join(runDir, "net", "by-id")
-  await fs.mkdir(slots, { recursive: true })
-  await fs.mkdir(byId, { recursive: true })
+  mkdirSync(slots, { recursive: true })
+  mkdirSync(byId, { recursive: true })
   const start = Math.floor(Math.random() * SLOTS)
   for (let i = 0; i < SLOTS; i++) {
     const slot = (start + i) % SLOTS
     try {
-      await fs.writeFile(join(slots, String(slot)), id, { flag: "wx" })
-    } catch {
-      continue
+      writeFileSync(join(slots, String(slot)), id, { flag: "wx" })
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === "EEXIST") continue // another machine's
+      throw e
     }
-    await fs.writeFile(join(byId, id), String(slot))
+    writeFileSync(join(byId, id), String(slot))
     return leaseOf(pool, id, slot)
   }
   throw new Error("no free network slot")
@@ -62,9 +66,14 @@ export const lease = async (runDir: string, pool: string, id: string): Promise<N
 /** Gives back the slot of machine `id`, if it holds one. */
 export const release = async (runDir: string, id: string): Promise<void> => {
   const byId = join(runDir, "net", "by-id", id)
-  const slot = await fs.readFile(byId, "utf8").catch(() => undefined)
-  if (slot !== undefined) await fs.rm(join(runDir, "net", "slot", slot.trim()), { force: true })
-  await fs.rm(byId, { force: true })
+  let slot: string | undefined
+  try {
+    slot = readFileSync(byId, "utf8")
+  } catch {
+    slot = undefined
+  }
+  if (slot !== undefined) rmSync(join(runDir, "net", "slot", slot.trim()), { force: true })
+  rmSync(byId, { force: true })
 }
 
 /** The token-bucket qdisc that holds a device to `bytesPerSecond` (tc's `bps` is bytes per second). */
