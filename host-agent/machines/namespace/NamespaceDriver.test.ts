@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs"
+import { readFileSync, writeFileSync } from "node:fs"
 import { readdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Cause, Effect, Exit, Option } from "effect"
@@ -225,30 +225,42 @@ describe("namespace driver", () => {
       )
       expect(out.output).toBe("started\n")
       // The machine's pids group, which the kill looks at, holds every process of its groups in
-      // every hierarchy (the commands' memory groups included): each process found in any of them
-      // is in it (as the process itself says; children come and go every 10 ms).
-      const everywhere = new Set<number>()
-      const walk = async (dir: string): Promise<void> => {
-        for (const e of await readdir(dir, { withFileTypes: true }).catch(() => []))
-          if (e.isDirectory()) await walk(join(dir, e.name))
-        for (const line of (await readFile(join(dir, "cgroup.procs"), "utf8").catch(() => "")).split("\n"))
-          if (line !== "") everywhere.add(Number(line))
-      }
-      for (const h of await Cgroups.hierarchies(testDriverSettings.cgroupRoot))
-        await walk(Cgroups.groupOf(testDriverSettings.cgroupRoot, h, s.id))
-      const listed2 = await Cgroups.tasks(testDriverSettings.cgroupRoot, s.id)
-      // They outlived their command: its children's `sleep 100` are running.
-      const sleepers = listed2.filter((pid) =>
-        (readFileSyncOr(`/proc/${pid}/cmdline`) ?? "").startsWith("sleep\u0000100"),
-      )
-      expect(sleepers.length).toBeGreaterThan(0)
-      expect(everywhere.size).toBeGreaterThan(4)
-      for (const pid of everywhere) {
-        const pidsLine = (readFileSyncOr(`/proc/${pid}/cgroup`) ?? "")
-          .split("\n")
-          .find((l) => /^\d+:pids:/.test(l))
-        if (pidsLine !== undefined)
-          expect(pidsLine, `pid ${pid}`).toMatch(new RegExp(`:/hangar/${s.id}(/|$)`))
+      // every hierarchy (the commands' memory groups included). Compared with the machine frozen
+      // (its freezer group), so no child comes or goes between the looks; zombies are left out.
+      const root = testDriverSettings.cgroupRoot
+      const freezer = join(Cgroups.groupOf(root, "freezer", s.id), "freezer.state")
+      writeFileSync(freezer, "FROZEN")
+      try {
+        for (let i = 0; readFileSync(freezer, "utf8").trim() !== "FROZEN"; i++) {
+          if (i > 1000) throw new Error("the machine did not freeze in 5 s")
+          await new Promise((r) => setTimeout(r, 5))
+        }
+        const living = (pids: Iterable<number>) =>
+          new Set(
+            [...pids].filter((pid) => {
+              const stat = readFileSyncOr(`/proc/${pid}/stat`) ?? ""
+              const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+              return stat !== "" && state !== "Z" && state !== "X"
+            }),
+          )
+        const everywhere = new Set<number>()
+        const walk = async (dir: string): Promise<void> => {
+          for (const e of await readdir(dir, { withFileTypes: true }).catch(() => []))
+            if (e.isDirectory()) await walk(join(dir, e.name))
+          for (const line of (await readFile(join(dir, "cgroup.procs"), "utf8").catch(() => "")).split("\n"))
+            if (line !== "") everywhere.add(Number(line))
+        }
+        for (const h of await Cgroups.hierarchies(root)) await walk(Cgroups.groupOf(root, h, s.id))
+        const listed2 = await Cgroups.tasks(root, s.id)
+        // They outlived their command: its children's `sleep 100` are running.
+        const sleepers = listed2.filter((pid) =>
+          (readFileSyncOr(`/proc/${pid}/cmdline`) ?? "").startsWith("sleep\u0000100"),
+        )
+        expect(sleepers.length).toBeGreaterThan(0)
+        expect(living(everywhere).size).toBeGreaterThan(4)
+        expect(living(listed2)).toEqual(living(everywhere))
+      } finally {
+        writeFileSync(freezer, "THAWED")
       }
       await Effect.runPromise(quick.destroy(s.id))
       expect(await leftovers(s.id)).toEqual([])
