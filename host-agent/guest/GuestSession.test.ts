@@ -1,4 +1,6 @@
+import { type AddressInfo, createServer } from "node:net"
 import { Effect, Exit, Fiber, Scope } from "effect"
+import ssh2 from "ssh2"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
 import { scopedOn } from "../machines/MachineDriver.ts"
@@ -369,5 +371,46 @@ describe("list", () => {
       skipped: ["flink", "link"],
     })
     expect(await run(guest.list({ path: "mixed/f" }))).toEqual({ error: "/workspace/mixed/f: not a folder" })
+  })
+})
+
+describe("connect", () => {
+  it("an sshd that sends a garbled packet, then resets, fails the connect with every error handled", async () => {
+    // The machine's root controls its sshd: a garbled packet then a reset gives two errors, and
+    // the second was thrown in the host agent, outside any listener (the process's end).
+    const server = createServer((socket) => {
+      socket.on("error", () => undefined)
+      socket.write("SSH-2.0-OpenSSH_9.2\r\n")
+      socket.write(Buffer.alloc(64, 0xff))
+      setTimeout(() => socket.resetAndDestroy(), 20)
+    })
+    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok))
+    const thrown: Array<unknown> = []
+    const onThrown = (e: unknown) => thrown.push(e)
+    process.on("uncaughtException", onThrown)
+    try {
+      const parsed = ssh2.utils.parseKey(keys.host.private)
+      if (parsed instanceof Error) throw parsed
+      const exit = await Effect.runPromiseExit(
+        Effect.scoped(
+          connect(
+            {
+              host: "127.0.0.1",
+              port: (server.address() as AddressInfo).port,
+              hostKey: `${parsed.type} ${parsed.getPublicSSH().toString("base64")}`,
+              privateKey: keys.client.private,
+            },
+            { readyTimeoutMs: 200 },
+          ),
+        ),
+      )
+      expect(Exit.isFailure(exit) && String(exit.cause)).toContain("GuestUnavailable")
+      // The resets of the last attempts come after the connect gave up.
+      await new Promise((r) => setTimeout(r, 200))
+      expect(thrown).toEqual([])
+    } finally {
+      process.off("uncaughtException", onThrown)
+      server.close()
+    }
   })
 })

@@ -221,8 +221,21 @@ const connectOnce = (endpoint: GuestEndpoint) =>
     // Nagle off from the socket's start: the handshake's small messages would each wait ~40 ms for
     // a delayed ACK (the service request after the key exchange did).
     client.once("connect", () => client.setNoDelay(true))
-    client.once("ready", () => ok(client))
-    client.once("error", fail)
+    // Every error is listened to, for the connection's whole life: the machine's root controls the
+    // sshd at the other end, and a garbled packet then a reset gave two errors, the second thrown
+    // in the host agent (the process's end). Before `ready` the first fails the connect; after it,
+    // the connection's end is what the session goes by (`close`).
+    let settled = false
+    client.on("error", (e) => {
+      if (settled) return
+      settled = true
+      client.end()
+      fail(e)
+    })
+    client.once("ready", () => {
+      settled = true
+      ok(client)
+    })
     client.connect({
       host: endpoint.host,
       port: endpoint.port,
