@@ -298,12 +298,12 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
  * admission is checked, so two machines admitted at once each count the other).
  */
 const unallocated = (dir: string) => {
-  const st = statSync(join(dir, "disk.img"), { throwIfNoEntry: false })
-  if (st !== undefined && st.size > 0) return Math.max(0, st.size - st.blocks * 512)
   try {
+    const st = statSync(join(dir, "disk.img"), { throwIfNoEntry: false })
+    if (st !== undefined && st.size > 0) return Math.max(0, st.size - st.blocks * 512)
     return Number(readFileSync(join(dir, "reserved"), "utf8")) || 0
   } catch {
-    return 0
+    return 0 // not a machine's folder (a stray file: ENOTDIR), or one being removed
   }
 }
 
