@@ -177,7 +177,11 @@ for (;;) {
     vec($rin, fileno($wake_r), 1) = 1;
     vec($rin, $_, 1) = 1 for keys %reading;
     vec($win, $_, 1) = 1 for keys %writing;
-    my $ready = select(my $rout = $rin, my $wout = $win, undef, undef);
+    # At most 50 ms: perl runs a signal's handler only after the call it came during, so a tool
+    # that ends just before `select` is entered wrote nothing to the wake pipe yet, and `select`
+    # with no timeout then waited forever, its `waitpid` never run (a tool run never answered:
+    # seen as a `tc` left defunct under a machine's start that hung).
+    my $ready = select(my $rout = $rin, my $wout = $win, undef, 0.05);
     if ($ready < 0) {
         next if $!{EINTR};
         die "select: $!";
