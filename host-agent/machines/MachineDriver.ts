@@ -5,12 +5,13 @@
  * (Linux namespaces and cgroups) and, later, `qemu`.
  */
 
-import { chmodSync, mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from "node:fs"
+import { chmodSync, mkdirSync, readdirSync, renameSync, writeFileSync } from "node:fs"
 import { readdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
 import ssh2 from "ssh2"
+import { readText } from "./HostFiles.ts"
 
 /** A machine size name from the spec's size table. */
 export type SizeName = "s" | "m" | "l" | "xl"
@@ -130,11 +131,8 @@ export class MachineKeepFailed extends Data.TaggedError("MachineKeepFailed")<{
 
 /** Whether process `pid` runs (a zombie, which still answers signal 0, does not). */
 export const alive = async (pid: number): Promise<boolean> => {
-  let stat = ""
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-  } catch {}
-  return stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
+  const stat = readText(`/proc/${pid}/stat`)
+  return stat !== undefined && stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
 }
 
 /** What a machine id must be (it names the machine's folder, cgroups and network devices). */
@@ -167,10 +165,7 @@ export const machineFolder = async (
     mkdirSync(dir, { mode })
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== "EEXIST" || owner === undefined) throw e
-    let named: string | undefined
-    try {
-      named = readFileSync(join(dir, OWNER_FILE), "utf8")
-    } catch {}
+    const named = readText(join(dir, OWNER_FILE))
     const entries = readdirSync(dir)
     if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE)) throw e
     chmodSync(dir, mode)

@@ -14,6 +14,7 @@
  */
 import * as fs from "node:fs"
 import { basename, join } from "node:path"
+import { readText } from "../HostFiles.ts"
 
 /** The hierarchies whose limits the driver sets itself. */
 export const controllers = ["memory", "cpu", "pids", "blkio"] as const
@@ -101,9 +102,7 @@ export const unthrottle = async (root: string, id: string): Promise<void> => {
 }
 
 /** The hierarchies mounted under `root` (crun makes a machine's group in each). */
-export const hierarchies = async (root: string): Promise<Array<string>> => hierarchiesNow(root)
-
-const hierarchiesNow = (root: string): Array<string> => {
+export const hierarchies = (root: string): Array<string> => {
   try {
     return fs
       .readdirSync(root, { withFileTypes: true })
@@ -115,16 +114,10 @@ const hierarchiesNow = (root: string): Array<string> => {
 }
 
 /** A cgroupfs file's text, or "" when it (or its group) is not there. */
-const readOr = (path: string): string => {
-  try {
-    return fs.readFileSync(path, "utf8")
-  } catch {
-    return ""
-  }
-}
+const readOr = (path: string): string => readText(path) ?? ""
 
 /** The group folders of a machine, deepest first. */
-const allGroups = (root: string, id: string, hierarchies = hierarchiesNow(root)): Array<string> => {
+const allGroups = (root: string, id: string, among = hierarchies(root)): Array<string> => {
   const out: Array<string> = []
   const walk = (dir: string) => {
     let entries: Array<fs.Dirent>
@@ -136,7 +129,7 @@ const allGroups = (root: string, id: string, hierarchies = hierarchiesNow(root))
     for (const e of entries) if (e.isDirectory()) walk(join(dir, e.name))
     out.push(dir)
   }
-  for (const c of hierarchies) walk(groupOf(root, c, id))
+  for (const c of among) walk(groupOf(root, c, id))
   return out
 }
 
@@ -149,7 +142,7 @@ const allGroups = (root: string, id: string, hierarchies = hierarchiesNow(root))
  */
 export const tasks = async (root: string, id: string): Promise<Array<number>> => {
   const pids = new Set<number>()
-  const one = fs.existsSync(groupOf(root, "pids", id)) ? ["pids"] : hierarchiesNow(root)
+  const one = fs.existsSync(groupOf(root, "pids", id)) ? ["pids"] : hierarchies(root)
   for (const dir of allGroups(root, id, one))
     for (const line of readOr(join(dir, "cgroup.procs")).split("\n")) if (line) pids.add(Number(line))
   return [...pids]

@@ -5,6 +5,7 @@ import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
+import { readText } from "../HostFiles.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
@@ -13,13 +14,6 @@ import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
 
-const readFileSyncOr = (path: string) => {
-  try {
-    return readFileSync(path, "utf8")
-  } catch {
-    return undefined
-  }
-}
 const keys = newKeys()
 let base: Base
 
@@ -238,7 +232,7 @@ describe("namespace driver", () => {
         const living = (pids: Iterable<number>) =>
           new Set(
             [...pids].filter((pid) => {
-              const stat = readFileSyncOr(`/proc/${pid}/stat`) ?? ""
+              const stat = readText(`/proc/${pid}/stat`) ?? ""
               const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
               return stat !== "" && state !== "Z" && state !== "X"
             }),
@@ -250,11 +244,11 @@ describe("namespace driver", () => {
           for (const line of (await readFile(join(dir, "cgroup.procs"), "utf8").catch(() => "")).split("\n"))
             if (line !== "") everywhere.add(Number(line))
         }
-        for (const h of await Cgroups.hierarchies(root)) await walk(Cgroups.groupOf(root, h, s.id))
+        for (const h of Cgroups.hierarchies(root)) await walk(Cgroups.groupOf(root, h, s.id))
         const listed2 = await Cgroups.tasks(root, s.id)
         // They outlived their command: its children's `sleep 100` are running.
         const sleepers = listed2.filter((pid) =>
-          (readFileSyncOr(`/proc/${pid}/cmdline`) ?? "").startsWith("sleep\u0000100"),
+          (readText(`/proc/${pid}/cmdline`) ?? "").startsWith("sleep\u0000100"),
         )
         expect(sleepers.length).toBeGreaterThan(0)
         expect(living(everywhere).size).toBeGreaterThan(4)

@@ -35,6 +35,7 @@ import { Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
+import { readText } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
@@ -205,13 +206,8 @@ const pinnedNow = (s: Settings): Array<string> => {
     return out
   }
   for (const id of ids) {
-    let list = ""
-    try {
-      list = readFileSync(join(root, id, "cpuset.cpus"), "utf8")
-    } catch {
-      continue // the machine is gone
-    }
-    if (list.trim() !== "") out.push(list)
+    const list = readText(join(root, id, "cpuset.cpus")) // undefined: the machine is gone
+    if (list !== undefined && list.trim() !== "") out.push(list)
   }
   return out
 }
@@ -234,13 +230,8 @@ export const loopsOf = (dir: string): Array<string> => {
     const file = join("/sys/block", name, "loop", "backing_file")
     // Only an attached device has it (looked at without a thrown error: a host has dozens unattached).
     if (statSync(file, { throwIfNoEntry: false }) === undefined) continue
-    let backing: string
-    try {
-      backing = readFileSync(file, "utf8").trimEnd()
-    } catch {
-      continue // detached meanwhile
-    }
-    if (backing === image) found.push(join("/dev", name))
+    // Undefined: detached meanwhile.
+    if (readText(file)?.trimEnd() === image) found.push(join("/dev", name))
   }
   return found
 }

@@ -4,8 +4,9 @@
  * folder, so several host-agent processes (or test files) never hand out the same addresses.
  */
 import { createHash } from "node:crypto"
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
+import { readText } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** The addresses and names of one machine's network. */
@@ -66,12 +67,7 @@ export const lease = async (runDir: string, pool: string, id: string): Promise<N
 /** Gives back the slot of machine `id`, if it holds one. */
 export const release = async (runDir: string, id: string): Promise<void> => {
   const byId = join(runDir, "net", "by-id", id)
-  let slot: string | undefined
-  try {
-    slot = readFileSync(byId, "utf8")
-  } catch {
-    slot = undefined
-  }
+  const slot = readText(byId)
   if (slot !== undefined) rmSync(join(runDir, "net", "slot", slot.trim()), { force: true })
   rmSync(byId, { force: true })
 }

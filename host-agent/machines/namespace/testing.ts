@@ -45,7 +45,7 @@ export const leftovers = async (
   // What the folder still holds tells a claim (owner, kept.json) from a machine half removed.
   if (await exists(dir))
     found.push(`folder ${dir} (${(await readdir(dir).catch(() => [] as Array<string>)).join(", ")})`)
-  for (const c of await Cgroups.hierarchies(s.cgroupRoot)) {
+  for (const c of Cgroups.hierarchies(s.cgroupRoot)) {
     if (await exists(Cgroups.groupOf(s.cgroupRoot, c, id))) found.push(`cgroup ${c}/hangar/${id}`)
   }
   if (await exists(join(s.runDir, "crun", id))) found.push("crun state")
