@@ -68,6 +68,8 @@ describe("NatsProcess", () => {
       expect(error._tag).toBe("NatsProcessError")
       expect(error.message).toContain("exited while starting")
       expect(error.stderr).toContain("address already in use")
+      // The cause is in the message itself, which is what a failed test file prints.
+      expect(error.message).toContain("address already in use")
     }),
   )
 

@@ -283,7 +283,11 @@ export const start = (
     const ready = Effect.gen(function* () {
       if (child.exitCode !== null || child.signalCode !== null) {
         return yield* Effect.fail(
-          fail(`nats-server exited while starting (code ${child.exitCode}, signal ${child.signalCode})`),
+          fail(
+            `nats-server exited while starting (code ${child.exitCode}, signal ${child.signalCode})${
+              stderr.trim() === "" ? "" : `: ${stderr.trim().split("\n").slice(-3).join(" | ")}`
+            }`,
+          ),
         )
       }
       const url = yield* readPortsFile(runDir, pid)

@@ -21,8 +21,9 @@ import { NamespaceDriverSettings } from "../host-agent/machines/namespace/Namesp
 import { derivedId } from "../host-agent/registry/HostSettings.ts"
 import type { OperatorEvent } from "../schema/OperatorEvent.ts"
 import { storageNames } from "../schema/Subjects.ts"
-import { freePort, type NatsCluster, startNatsCluster } from "./harness/NatsCluster.ts"
+import { type NatsCluster, startNatsCluster } from "./harness/NatsCluster.ts"
 import { uniquePrefix } from "./harness/names.ts"
+import { freePort } from "./harness/Ports.ts"
 import {
   type Answer,
   call,

@@ -18,7 +18,8 @@ import { Effect, Option, Schedule, Schema } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import { Storage } from "../../core/Storage.ts"
 import { derivedId } from "../../host-agent/registry/HostSettings.ts"
-import { freePort, type NatsCluster, startNatsCluster } from "./NatsCluster.ts"
+import { type NatsCluster, startNatsCluster } from "./NatsCluster.ts"
+import { freePort } from "./Ports.ts"
 import {
   type Answer,
   call,

@@ -6,9 +6,9 @@
  * rebooted would. The config is the one `deploy/cluster/` documents, with test ports.
  */
 import { randomBytes } from "node:crypto"
-import net from "node:net"
 import { Redacted } from "effect"
 import { type StartedNatsServer, startNatsServer } from "./NatsServer.ts"
+import { freePort } from "./Ports.ts"
 
 /** A running cluster. */
 export interface NatsCluster {
@@ -18,18 +18,6 @@ export interface NatsCluster {
   /** Stops every node (idempotent). */
   readonly stop: () => Promise<void>
 }
-
-/** A free loopback port (closed again at once; the node binds it right after). */
-export const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const server = net.createServer()
-    server.once("error", reject)
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address()
-      const port = typeof address === "object" && address !== null ? address.port : 0
-      server.close(() => resolve(port))
-    })
-  })
 
 /** The `cluster` block of node `index` (0-based) among route ports `routePorts`. */
 export const clusterBlock = (name: string, routePorts: ReadonlyArray<number>, index: number): string =>

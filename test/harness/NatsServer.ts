@@ -19,6 +19,7 @@ import * as Storage from "../../core/Storage.ts"
 import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import * as NatsProcess from "../../deploy/NatsProcess.ts"
 import { uniquePrefix } from "./names.ts"
+import { freePort } from "./Ports.ts"
 
 /** The running test server. */
 export class NatsServer extends Context.Tag("test/NatsServer")<NatsServer, NatsProcess.NatsProcess>() {}
@@ -77,7 +78,10 @@ export const startNatsServer = async (options: TestServerOptions = {}): Promise<
     NatsProcess.start({ syncAlways: false, ...options, storeKey, storeDir, port, removeOnCrash: [storeDir] })
   const exit = await Effect.runPromiseExit(
     Scope.extend(
-      Effect.flatMap(tempStore, (dir) => launch(dir, -1)),
+      // A port outside the ephemeral range, so it is still free when a killed server restarts on it.
+      Effect.flatMap(tempStore, (dir) =>
+        Effect.flatMap(Effect.promise(freePort), (port) => launch(dir, port)),
+      ),
       scope,
     ),
   )

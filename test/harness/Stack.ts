@@ -65,9 +65,9 @@ import * as Relay from "../../relay/main.ts"
 import type { BaseInfo } from "../../schema/Base.ts"
 import { HostRecord } from "../../schema/Host.ts"
 import { type AddressPool, claimAddressPool } from "./AddressPools.ts"
-import { freePort } from "./NatsCluster.ts"
 import { startNatsServer } from "./NatsServer.ts"
 import { uniquePrefix } from "./names.ts"
+import { freePort } from "./Ports.ts"
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies are inspected loosely
 export type Json = any
