@@ -177,11 +177,12 @@ for (;;) {
     vec($rin, fileno($wake_r), 1) = 1;
     vec($rin, $_, 1) = 1 for keys %reading;
     vec($win, $_, 1) = 1 for keys %writing;
-    # At most 50 ms: perl runs a signal's handler only after the call it came during, so a tool
-    # that ends just before `select` is entered wrote nothing to the wake pipe yet, and `select`
-    # with no timeout then waited forever, its `waitpid` never run (a tool run never answered:
-    # seen as a `tc` left defunct under a machine's start that hung).
-    my $ready = select(my $rout = $rin, my $wout = $win, undef, 0.05);
+    # At most 10 ms while a tool runs: perl runs a signal's handler only after the call it came
+    # during, so a tool that ends just before `select` is entered wrote nothing to the wake pipe
+    # yet, and `select` with no timeout then waited forever, its `waitpid` never run (a tool run
+    # never answered: seen as a `tc` left defunct under a machine's start that hung). With no tool
+    # running there is nothing to reap, and the helper sleeps until a request comes.
+    my $ready = select(my $rout = $rin, my $wout = $win, undef, %tools ? 0.01 : undef);
     if ($ready < 0) {
         next if $!{EINTR};
         die "select: $!";

@@ -3,15 +3,15 @@
  * a pipe holds, and to a tool that reads none), failures with the tool's own message, a tool ended
  * by a signal, a helper that died (its calls fail, the next call starts another) or whose parent
  * went (it ends too), and `launch`, whose end is the tool's exit even when what it started holds
- * its log open.
+ * its log open; and a helper that is never told its tools ended (SIGCHLD lost) still answers.
  */
-import { spawnSync } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
 import { existsSync } from "node:fs"
 import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { launch, run } from "./exec.ts"
+import { frame, frames, helperPath, launch, run } from "./exec.ts"
 
 let dir: string
 beforeAll(async () => {
@@ -110,5 +110,41 @@ describe("exec", () => {
     // The sleep it left holds the log open; it is this test's to end.
     process.kill(Number(/left (\d+)/.exec(text)?.[1]), "SIGKILL")
     expect(await launch("/nonexistent", [], { log, env: {} })).toBeNull()
+  })
+
+  it("answers tools whose end it was never signalled (a lost SIGCHLD)", async () => {
+    // Perl runs a signal's handler only after the call it came during, so a SIGCHLD that comes just
+    // before the helper waits is lost to it. Started with SIGCHLD blocked (the mask survives exec),
+    // the helper loses every one: it must still reap its tools and answer, in both modes.
+    const helper = spawn(
+      "perl",
+      [
+        "-MPOSIX",
+        "-e",
+        'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGCHLD)) or die "sigprocmask: $!"; exec "perl", @ARGV',
+        helperPath,
+      ],
+      { stdio: ["pipe", "pipe", "inherit"] },
+    )
+    try {
+      let buffer = Buffer.alloc(0)
+      const answers = new Map<string, Array<string>>()
+      helper.stdout.on("data", (chunk: Buffer) => {
+        const { whole, rest } = frames(Buffer.concat([buffer, chunk]))
+        buffer = Buffer.from(rest)
+        for (const [id, ...fields] of whole) answers.set(String(id), fields.map(String))
+      })
+      const log = join(dir, "lost.log")
+      helper.stdin.write(frame(["1", "", "", "", "/bin/echo", "piped"]))
+      helper.stdin.write(frame(["2", log, "", "", "/bin/sh", "-c", "echo logged; exit 3"]))
+      // Without a bound on its wait it would wait for ever; 20 s is a hang here.
+      const until = Date.now() + 20_000
+      while (answers.size < 2 && Date.now() < until) await new Promise((r) => setTimeout(r, 20))
+      expect(answers.get("1")).toEqual(["exit", "0", "piped\n", ""])
+      expect(answers.get("2")).toEqual(["exit", "3", "", ""])
+      expect(await readFile(log, "utf8")).toBe("logged\n")
+    } finally {
+      helper.kill("SIGKILL")
+    }
   })
 })

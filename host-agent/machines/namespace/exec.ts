@@ -19,14 +19,15 @@ interface Answer {
   readonly error?: string
 }
 
-const helperPath = fileURLToPath(new URL("./exec-helper.pl", import.meta.url))
+/** The helper program (tests start it themselves to look at it alone). */
+export const helperPath = fileURLToPath(new URL("./exec-helper.pl", import.meta.url))
 
 let helper: ChildProcess | undefined
 let nextId = 0
 const pending = new Map<string, { readonly ok: (a: Answer) => void; readonly fail: (e: Error) => void }>()
 
 /** One frame of `fields`. */
-const frame = (fields: ReadonlyArray<string | Buffer>): Buffer => {
+export const frame = (fields: ReadonlyArray<string | Buffer>): Buffer => {
   const bytes = fields.map((f) => (typeof f === "string" ? Buffer.from(f, "utf8") : f))
   return Buffer.concat([
     Buffer.from(`${bytes.length} ${bytes.map((b) => b.length).join(" ")}\n`, "latin1"),
@@ -35,7 +36,7 @@ const frame = (fields: ReadonlyArray<string | Buffer>): Buffer => {
 }
 
 /** Takes whole frames off the front of `buffer`; answers them and what is left. */
-const frames = (buffer: Buffer): { readonly whole: Array<Array<Buffer>>; readonly rest: Buffer } => {
+export const frames = (buffer: Buffer): { readonly whole: Array<Array<Buffer>>; readonly rest: Buffer } => {
   const whole: Array<Array<Buffer>> = []
   let at = 0
   for (;;) {
