@@ -355,7 +355,9 @@ export const WaitSeconds = Schema.NumberFromString.pipe(
       (Number.isInteger(n) && n >= 0 && n <= waitMaxSeconds) ||
       `must be an integer from 0 to ${waitMaxSeconds}`,
   ),
-)
+).annotations({
+  description: `Seconds to wait, 0 to ${waitMaxSeconds}: the answer comes as soon as there is one to give, or once they have passed.`,
+})
 
 const NonNegativeIntFromString = Schema.NumberFromString.pipe(
   Schema.filter((n) => (Number.isSafeInteger(n) && n >= 0) || "must be a non-negative integer"),
@@ -363,14 +365,28 @@ const NonNegativeIntFromString = Schema.NumberFromString.pipe(
 
 /** The query of `GET /v1/runs/{id}/commands/{cid}`. */
 export const GetCommandQuery = Schema.Struct({ wait: Schema.optional(WaitSeconds) })
+/**
+ * The query of `POST /v1/runs/{id}/commands` (beyond the spec, which is silent on it): with `wait`,
+ * the answer is the command once it has ended, or as it is when the time is up (one request
+ * instead of a create and a `GET …?wait=`).
+ */
+export const CreateCommandQuery = Schema.Struct({
+  wait: Schema.optional(WaitSeconds).annotations({
+    description: `Seconds to wait for the command's end, 0 to ${waitMaxSeconds}: the answer (still 201) is the command once it has ended, or as it is when they have passed.`,
+  }),
+})
 /** The query of `GET /v1/runs/{id}/commands`: commands changed after sequence `since`. */
 export const ListCommandsQuery = Schema.Struct({
-  since: Schema.optional(NonNegativeIntFromString),
+  since: Schema.optional(NonNegativeIntFromString).annotations({
+    description: "The `sequence` of the last read: commands changed after it.",
+  }),
   wait: Schema.optional(WaitSeconds),
 })
 /** The query of `GET /v1/runs/{id}/commands/{cid}/output`: output from byte offset `after`. */
 export const CommandOutputQuery = Schema.Struct({
-  after: Schema.optional(NonNegativeIntFromString),
+  after: Schema.optional(NonNegativeIntFromString).annotations({
+    description: "The byte offset to read from (the last read's `next`).",
+  }),
   wait: Schema.optional(WaitSeconds),
 })
 

@@ -109,6 +109,23 @@ describe("Idempotency-Key", () => {
     expect(put.status).toBe(200)
   })
 
+  it("a create that waited answers what it answered again; the same key without the wait is another request", async () => {
+    // This file's runs may wait for room on the host: the wait runs out with the command queued.
+    const run = (await startRun(stack, acct, fn)).id
+    const key = uniqueKey()
+    const cmd = { kind: "bash", arguments: { command: "true" } }
+    const path = `/v1/runs/${run}/commands?wait=1`
+    const first = expectStatus(await post(path, cmd, key), 201, "command with wait")
+    const again = await post(path, cmd, key)
+    expect(again.headers["idempotent-replayed"]).toBe("true")
+    expect(again.status).toBe(201)
+    expect(again.body).toEqual(first)
+    // The query is part of the request.
+    expectRefused(await post(`/v1/runs/${run}/commands`, cmd, key), 409, "conflict", "idempotency-key")
+    const list = expectStatus(await call(stack, "GET", `/v1/runs/${run}/commands`, acct.admin), 200, "list")
+    expect(list.commands.map((c: { id: string }) => c.id)).toEqual([first.id])
+  })
+
   it("a command's id is fresh to the run actor only without a key, whose retry may carry the same id", async () => {
     const run = (await startRun(stack, acct, fn)).id
     // What the gateway asks of the run actor, seen as it is published to its mailbox.

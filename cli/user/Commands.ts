@@ -1,4 +1,8 @@
-/** Sending a command to a run and waiting for its end (`GET …/commands/{cid}?wait=25`, again until it ends). */
+/**
+ * Sending a command to a run and waiting for its end: the create itself waits
+ * (`POST …/commands?wait=25`: one request for a command that ends within it), then
+ * `GET …/commands/{cid}?wait=25`, again until it ends.
+ */
 import type { Api } from "./Api.ts"
 
 /** A command record (the fields the CLI reads). */
@@ -16,14 +20,20 @@ const ENDED = new Set(["succeeded", "failed", "cancelled"])
 /** Whether the command has ended. */
 export const ended = (c: CommandRecord): boolean => ENDED.has(c.state)
 
-/** Sends `kind` with `args` to `run`; answers the record as created. */
+/** Sends `kind` with `args` to `run`; answers the record as created, or once ended within `wait` seconds. */
 export const send = (
   api: Api,
   run: string,
   kind: string,
   args: Record<string, unknown>,
+  wait = 0,
 ): Promise<CommandRecord> =>
-  api.call<CommandRecord>("POST", `/v1/runs/${encodeURIComponent(run)}/commands`, { kind, arguments: args })
+  api.call<CommandRecord>(
+    "POST",
+    `/v1/runs/${encodeURIComponent(run)}/commands`,
+    { kind, arguments: args },
+    wait === 0 ? {} : { query: { wait } },
+  )
 
 /** Waits for the command to end; answers its final record. */
 export const awaitEnd = async (
@@ -49,4 +59,4 @@ export const sendAndWait = async (
   run: string,
   kind: string,
   args: Record<string, unknown>,
-): Promise<CommandRecord> => awaitEnd(api, run, await send(api, run, kind, args))
+): Promise<CommandRecord> => awaitEnd(api, run, await send(api, run, kind, args, 25))

@@ -96,28 +96,33 @@ export const awaitEnded = (
   })
 
 /**
- * The record at `seq` once it has ended, or at once when it is not command `cid`; none after
- * `timeoutMs`. `seen` is told every value read (the current one first), so a caller whose wait
- * runs out has the latest record without reading it again. One read serves as the existence check
- * and the start of the wait (subscribed before it).
+ * Command `cid` (at sequence `seq`) once it has ended, or as it is after `timeoutMs`; none when
+ * `seq` holds no record of that command. One read serves as the existence check and the start of
+ * the wait (subscribed before it), and the last value read is the answer when the time runs out.
+ * The long polls of `GET …/commands/{cid}?wait=` and `POST …/commands?wait=`.
  */
-export const awaitEndedOf = (
+export const endedOrLatest = (
   run: string,
   seq: number,
   cid: string,
   timeoutMs: number,
-  seen: (record: CommandRecord) => void,
 ): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
-  Effect.flatMap(commands, (kv) =>
-    kv.awaitValueUpTo(
+  Effect.gen(function* () {
+    const kv = yield* commands
+    let latest: CommandRecord | undefined
+    const ended = yield* kv.awaitValueUpTo(
       kvKeys.command(run, seq),
       (r) => {
-        seen(r)
+        latest = r
         return r.id !== cid || isEnded(r)
       },
       timeoutMs,
-    ),
-  )
+    )
+    return Option.filter(
+      Option.orElse(ended, () => Option.fromNullable(latest)),
+      (r) => r.id === cid,
+    )
+  })
 
 /** The run's records changed after revision `since`, oldest change first, about `maxBytes` of JSON at most. */
 export const changedAfter = (

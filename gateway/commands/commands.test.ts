@@ -1,8 +1,9 @@
 /**
  * The commands API without a machine: every validation boundary (body, arguments per kind, the
- * 128 KiB arguments limit, `wait`, `since`, `after`), who may reach a run's commands (404 for other
- * accounts, 403 `key_scope` for run keys of other functions), and the long polls — answered when the
- * awaited change happens, at the end of `wait` otherwise, and ended by a client that goes away.
+ * 128 KiB arguments limit, `wait` on every waiting route and on the create, `since`, `after`), who
+ * may reach a run's commands (404 for other accounts, 403 `key_scope` for run keys of other
+ * functions), and the long polls — answered when the awaited change happens, at the end of `wait`
+ * otherwise, and ended by a client that goes away.
  *
  * Through HTTP against the whole stack with no host agent: runs stay `queued`, so their commands
  * stay `queued` until cancelled (the run actor cancels them itself, having no machine to ask).
@@ -55,13 +56,29 @@ afterAll(async () => {
   expect(left ?? []).toEqual([])
 })
 
-const post = (body: unknown, r: string = run, headers: Headers = a.admin) =>
-  call(stack, "POST", `/v1/runs/${r}/commands`, headers, body)
+const post = (body: unknown, r: string = run, headers: Headers = a.admin, query = "") =>
+  call(stack, "POST", `/v1/runs/${r}/commands${query}`, headers, body)
+/** A create of `bash true` on `run` with query `query` (`?wait=…`). */
+const postTrue = (query: string, headers: Headers = a.admin) =>
+  post({ kind: "bash", arguments: { command: "true" } }, run, headers, query)
 const send = async (kind: string, args: Record<string, unknown>, r: string = run): Promise<Json> =>
   expectStatus(await post({ kind, arguments: args }, r), 201, `POST commands ${kind}`)
 const get = (path: string, headers: Headers = a.admin) => call(stack, "GET", path, headers)
 const cancel = (r: string, cid: string, headers: Headers = a.admin) =>
   call(stack, "POST", `/v1/runs/${r}/commands/${cid}/cancel`, headers)
+
+/** The run's change counter now: its list read to the end (a read holds about `LIST_MAX_BYTES`). */
+const latest = async (r: string = run): Promise<number> => {
+  let since = 0
+  for (;;) {
+    const list = expectStatus(await get(`/v1/runs/${r}/commands?since=${since}`), 200, "list")
+    if (list.commands.length === 0) return since
+    since = list.sequence
+  }
+}
+/** The run's commands changed after `since`. */
+const changedSince = async (since: number, r: string = run): Promise<Array<Json>> =>
+  expectStatus(await get(`/v1/runs/${r}/commands?since=${since}`), 200, "list").commands
 
 // `write` arguments whose JSON is exactly `bytes` long.
 const writeOf = (bytes: number) => {
@@ -252,6 +269,16 @@ describe("query parameters", () => {
     })
   }
 
+  it("a create with a bad wait is refused naming wait, and adds no command", async () => {
+    const before = await latest()
+    for (const w of badWaits)
+      expectRefused(await postTrue(`?wait=${encodeURIComponent(w)}`), 400, "invalid_request", "wait")
+    expect(await changedSince(before)).toEqual([])
+    // The same create with a good wait adds one (so the empty list above is not a list that shows nothing).
+    const sent = expectStatus(await postTrue("?wait=0"), 201, "POST wait=0")
+    expect((await changedSince(before)).map((c) => c.id)).toEqual([sent.id])
+  })
+
   it("wait=25 and wait=0 are taken", async () => {
     for (const w of ["0", "25"]) {
       expect(expectStatus(await get(`/v1/runs/${run}/commands/${ended.id}?wait=${w}`), 200, "GET")).toEqual(
@@ -286,6 +313,23 @@ describe("query parameters", () => {
 
   it("validation comes after authentication", async () => {
     expectRefused(await call(stack, "GET", `/v1/runs/${run}/commands?wait=99`, {}), 401, "unauthenticated")
+    expectRefused(await postTrue("?wait=99", {}), 401, "unauthenticated")
+  })
+
+  it("the API document lists each route's query parameters", async () => {
+    const doc = expectStatus(await get("/v1/openapi.json"), 200, "openapi")
+    const names = (path: string, method: string) =>
+      (doc.paths[path][method].parameters as Array<Json>).filter((p) => p.in === "query").map((p) => p.name)
+    expect(names("/v1/runs/{id}/commands", "post")).toEqual(["wait"])
+    expect(names("/v1/runs/{id}/commands/{cid}", "get")).toEqual(["wait"])
+    expect(names("/v1/runs/{id}/commands", "get").sort()).toEqual(["since", "wait"])
+    expect(names("/v1/runs/{id}/commands/{cid}/output", "get").sort()).toEqual(["after", "wait"])
+    expect(
+      doc.paths["/v1/runs/{id}/commands"].post.parameters.find((p: Json) => p.in === "query"),
+    ).toMatchObject({
+      required: false,
+      description: expect.stringContaining("0 to 25"),
+    })
   })
 })
 
@@ -302,6 +346,23 @@ describe("waiting for one command", () => {
     expect(cancelled).toMatchObject({ id: sent.id, state: "cancelled" })
     expect(cancelled.ended_at).toBeDefined()
     expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
+  })
+
+  it("a create with wait answers its queued record when nothing happens in time", async () => {
+    const sent = expectStatus(await postTrue("?wait=1"), 201, "POST wait=1")
+    expect(sent).toMatchObject({ kind: "bash", state: "queued", source: "caller" })
+    expect(expectStatus(await get(`/v1/runs/${run}/commands/${sent.id}`), 200, "GET")).toEqual(sent)
+  })
+
+  it("a create with wait answers as soon as the command ends (cancelled by another request)", async () => {
+    const since = await latest()
+    const waiting = postTrue("?wait=25")
+    // The command the waiting create made, from the list's long poll.
+    const listed = expectStatus(await get(`/v1/runs/${run}/commands?since=${since}&wait=25`), 200, "list")
+    expect(listed.commands).toHaveLength(1)
+    const cancelled = expectStatus(await cancel(run, listed.commands[0].id), 200, "cancel")
+    expect(cancelled).toMatchObject({ state: "cancelled" })
+    expect(expectStatus(await waiting, 201, "POST wait")).toEqual(cancelled)
   })
 
   it("cancelling an ended command changes nothing", async () => {

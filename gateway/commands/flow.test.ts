@@ -1,6 +1,7 @@
 /**
  * Commands through the real stack (gateway, actors, host agent with a namespace machine): a `bash`
- * command's record and its output streamed by long polls while it runs, output windows of at most
+ * command's record and its output streamed by long polls while it runs, a create that waits for
+ * the command's end, output windows of at most
  * 512 KiB ending on whole characters, the change list, cancelling a running `sleep`, and
  * `run_ended` once `finish` has ended the run.
  *
@@ -38,9 +39,19 @@ afterAll(async () => {
   expect(left ?? []).toEqual([])
 }, 120_000)
 
-const send = async (kind: string, args: Record<string, unknown>): Promise<Json> =>
+/** Sends a command; with `wait`, the create waits up to that many seconds for its end. */
+const send = async (kind: string, args: Record<string, unknown>, wait?: number): Promise<Json> =>
   expectStatus(
-    await call(stack, "POST", `/v1/runs/${run}/commands`, a.admin, { kind, arguments: args }),
+    await call(
+      stack,
+      "POST",
+      `/v1/runs/${run}/commands${wait === undefined ? "" : `?wait=${wait}`}`,
+      a.admin,
+      {
+        kind,
+        arguments: args,
+      },
+    ),
     201,
     `POST ${kind}`,
   )
@@ -99,6 +110,25 @@ describe("commands on a running machine", () => {
     while (!["succeeded", "failed", "cancelled"].includes(record.state))
       record = await get(`/v1/runs/${run}/commands/${sent.id}?wait=25`)
     expect(record).toMatchObject({ state: "succeeded", result: { exit_code: 3, output: "done\n" } })
+  })
+
+  it("a create with wait answers the command as it ended, in one request", async () => {
+    // A `read` after the `bash` (arrival order) sees its file: both answered ended by their create.
+    const wrote = await send("bash", { command: "echo one-request > w.txt; echo hi; exit 4" }, 25)
+    expect(wrote).toMatchObject({
+      kind: "bash",
+      state: "succeeded",
+      result: { exit_code: 4, output: "hi\n" },
+    })
+    expect(wrote.ended_at).toBeDefined()
+    // What the create answered is the stored record.
+    expect(await get(`/v1/runs/${run}/commands/${wrote.id}`)).toEqual(wrote)
+    const read = await send("read", { file_path: "w.txt" }, 25)
+    expect(read).toMatchObject({
+      kind: "read",
+      state: "succeeded",
+      result: { output: expect.stringContaining("one-request") },
+    })
   })
 
   it("output reads are at most 512 KiB and end on whole UTF-8 characters", async () => {

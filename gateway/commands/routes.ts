@@ -1,7 +1,8 @@
 /**
  * The commands API (spec "Commands", "Command output read", command rules):
  *
- *   POST /v1/runs/{id}/commands                  201 record; asks the run actor `AddCommand`
+ *   POST /v1/runs/{id}/commands?wait=            201 record; asks the run actor `AddCommand`; with
+ *                                                `wait` (beyond the spec), the record once it ended or after `wait` s
  *   GET  /v1/runs/{id}/commands/{cid}?wait=      the record; with `wait`, once it ended or after `wait` s
  *   GET  /v1/runs/{id}/commands?since=N&wait=    records changed after N, the run's state, next `sequence`
  *   GET  /v1/runs/{id}/commands/{cid}/output?after=&wait=   a ≤ 512 KiB window of its output
@@ -43,6 +44,7 @@ import {
   CommandOutputQuery,
   type CommandRecord,
   CommandRecord as CommandRecordSchema,
+  CreateCommandQuery,
   CreateCommandRequest,
   GetCommandQuery,
   ListCommandsQuery,
@@ -108,8 +110,10 @@ export const routes = [
       path: "/v1/runs/:id/commands",
       access: "member",
       body: CreateCommandRequest,
-      handler: ({ principal, params, body }) =>
+      handler: ({ principal, params, body, query }) =>
         Effect.gen(function* () {
+          // Refused before anything is asked: a bad `wait` creates no command.
+          const { wait = 0 } = yield* decodeQuery(CreateCommandQuery, query)
           const settings = yield* CommandRouteSettings.Tag
           const run = yield* runIdentity(principal, params.id)
           // Final: no need to ask the actor.
@@ -141,15 +145,24 @@ export const routes = [
               ),
             )
           if ("command" in reply) {
-            Records.remember(run.id, reply.command.id, reply.command.sequence)
-            return json(reply.command, { status: 201 })
+            const created = reply.command
+            Records.remember(run.id, created.id, created.sequence)
+            if (wait === 0 || Records.isEnded(created)) return json(created, { status: 201 })
+            // With `wait`: the record once the command has ended, or as it is when the time is up.
+            const record = yield* Records.endedOrLatest(run.id, created.sequence, created.id, wait * 1000)
+            return json(
+              Option.getOrElse(record, () => created),
+              { status: 201 },
+            )
           }
           if ("ended" in reply) return yield* Effect.fail(ApiError.runEnded())
           return yield* Effect.fail(ApiError.notFound("run"))
         }),
     }),
     {
-      summary: "Send a command to a run; it starts when the run is ready.",
+      summary:
+        "Send a command to a run; it starts when the run is ready. With `wait`, answers once it has ended or after `wait` seconds.",
+      query: CreateCommandQuery,
       body: CreateCommandRequest,
       response: { status: 201, schema: CommandRecordSchema },
     },
@@ -166,18 +179,14 @@ export const routes = [
           if (wait === 0) return json((yield* commandOf(run.id, params.cid)).record)
           const seq = yield* Records.sequenceOf(run.id, params.cid)
           if (Option.isNone(seq)) return yield* Effect.fail(ApiError.notFound("command"))
-          let latest: CommandRecord | undefined
-          const ended = yield* Records.awaitEndedOf(run.id, seq.value, params.cid, wait * 1000, (r) => {
-            latest = r
-          })
-          const record = Option.getOrElse(ended, () => latest)
-          if (record === undefined || record.id !== params.cid)
-            return yield* Effect.fail(ApiError.notFound("command"))
-          return json(record)
+          const record = yield* Records.endedOrLatest(run.id, seq.value, params.cid, wait * 1000)
+          if (Option.isNone(record)) return yield* Effect.fail(ApiError.notFound("command"))
+          return json(record.value)
         }),
     }),
     {
       summary: "A command; with `wait`, answers when it has ended or after `wait` seconds.",
+      query: GetCommandQuery,
       response: { status: 200, schema: CommandRecordSchema },
     },
   ),
@@ -220,6 +229,7 @@ export const routes = [
     {
       summary:
         "The run's commands changed after `since` (by change counter), its state, and the `sequence` to send next.",
+      query: ListCommandsQuery,
       response: { status: 200, schema: CommandList },
     },
   ),
@@ -257,6 +267,7 @@ export const routes = [
     {
       summary:
         "A window of a command's output from byte offset `after` (at most 512 KiB, whole UTF-8 characters); with `wait`, waits for more.",
+      query: CommandOutputQuery,
       response: { status: 200, schema: CommandOutput },
     },
   ),

@@ -8,8 +8,8 @@
  * Routes made with `authRoute` decode their body after auth, so the server-side route holds only
  * `Schema.Unknown`; a route group names its real schemas with `documented`.
  */
-import { Effect, JSONSchema, type Schema } from "effect"
-import type * as AST from "effect/SchemaAST"
+import { Effect, JSONSchema, Option, type Schema } from "effect"
+import * as AST from "effect/SchemaAST"
 import { ErrorBody } from "../../schema/Errors.ts"
 import type { Access } from "../auth/Access.ts"
 import { authRoute } from "../auth/Route.ts"
@@ -19,6 +19,9 @@ import type { Route } from "../Router.ts"
 /** What the document says about one route beyond its pattern. */
 export interface RouteDoc {
   readonly summary: string
+  /** The query parameters the handler decodes: a struct of optional fields. */
+  // biome-ignore lint/suspicious/noExplicitAny: any schema without requirements
+  readonly query?: Schema.Schema<any, any, never> & { readonly fields: Schema.Struct.Fields }
   /** The request body's schema (as decoded by the handler). */
   // biome-ignore lint/suspicious/noExplicitAny: any schema without requirements
   readonly body?: Schema.Schema<any, any, never>
@@ -69,6 +72,20 @@ export const document = (
       ...(r.access && r.access !== "anyone" ? { security: [{ bearer: [] }] } : { security: [] }),
       parameters: [
         ...paramsOf(r.path).map((name) => ({ name, in: "path", required: true, schema: { type: "string" } })),
+        ...Object.entries(doc?.query?.fields ?? {}).map(([name, field]) => {
+          // Said on the field (`optional(…).annotations`), else on its schema.
+          const ast = (field as { readonly ast: AST.Annotated & { readonly type?: AST.AST } }).ast
+          const described = Option.orElse(AST.getDescriptionAnnotation(ast), () =>
+            ast.type === undefined ? Option.none() : AST.getDescriptionAnnotation(ast.type),
+          )
+          return {
+            name,
+            in: "query",
+            required: false,
+            ...(Option.isSome(described) ? { description: described.value } : {}),
+            schema: { type: "string" },
+          }
+        }),
         ...(r.access && r.access !== "anyone" && r.access !== "signed in"
           ? [
               {

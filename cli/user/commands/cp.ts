@@ -31,7 +31,7 @@ import { randomBytes } from "node:crypto"
 import { stat } from "node:fs/promises"
 import { basename, join, posix } from "node:path"
 import type { Command, Context } from "../Command.ts"
-import { awaitEnd, type CommandRecord, send } from "../Commands.ts"
+import { type CommandRecord, sendAndWait } from "../Commands.ts"
 import { UsageError } from "../Failures.ts"
 import * as Files from "../Files.ts"
 import * as Print from "../Print.ts"
@@ -62,7 +62,7 @@ const perform = async (
   kind: string,
   args: Record<string, unknown>,
 ): Promise<CommandRecord> => {
-  const record = await awaitEnd(api, run, await send(api, run, kind, args))
+  const record = await sendAndWait(api, run, kind, args)
   if (record.state === "failed") throw new Error(`${kind} failed: ${record.error ?? "no reason given"}`)
   if (record.state !== "succeeded") throw new Error(`${kind} ${record.state}`)
   const error = record.result?.error

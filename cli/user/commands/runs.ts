@@ -2,7 +2,7 @@
 
 import type { Api } from "../Api.ts"
 import { type Command, text } from "../Command.ts"
-import { awaitEnd, send } from "../Commands.ts"
+import { sendAndWait } from "../Commands.ts"
 import { ApiRefused, RunFailed, UsageError } from "../Failures.ts"
 import { downloadAndUnpack, uploadFolder } from "../Files.ts"
 import * as Print from "../Print.ts"
@@ -285,15 +285,11 @@ export const finish: Command = {
   run: async ({ api, out, values, positionals }) => {
     const id = positionals[0] as string
     const reason = text(values, "failed")
-    const record = await awaitEnd(
+    const record = await sendAndWait(
       api,
       id,
-      await send(
-        api,
-        id,
-        "finish",
-        reason === undefined ? { state: "succeeded" } : { state: "failed", detail: reason },
-      ),
+      "finish",
+      reason === undefined ? { state: "succeeded" } : { state: "failed", detail: reason },
     )
     if (out.json) Print.json(record)
     if (record.state !== "succeeded")
