@@ -7,10 +7,11 @@
  * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts, and `{ phase: "paced" }`
  * between the runs one after another and the paced ones; runs the round-trip phase in `blocks`
  * blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its command count) and
- * followed by a wait for any message from the parent; and at last
- * `{ first, paced, pacedMs, rtt }`: milliseconds from `POST …/runs` to the first `bash true`
- * result with runs one after another, and again with a run started every `pacedMs`; and per
- * command round trip.
+ * followed by a wait for any message from the parent; then as many commands sent in one request
+ * (`POST …/commands?wait=25`, the create answering the ended command) in blocks marked
+ * `{ phase: "one" }`; and at last `{ first, paced, pacedMs, rtt, rttOne }`: milliseconds from
+ * `POST …/runs` to the first `bash true` result with runs one after another, and again with a run
+ * started every `pacedMs`; and per command round trip, in two requests and in one.
  */
 import { Agent, request } from "node:http"
 
@@ -60,6 +61,16 @@ const api = (method: string, path: string, body?: unknown): Promise<Json> =>
     req.on("error", reject)
     req.end(data)
   })
+
+/** Sends `bash true` in one request that waits for its end (`POST …?wait=25`); answers the ended record. */
+const bashTrueOne = async (run: string) => {
+  const sent = await api("POST", `/v1/runs/${run}/commands?wait=25`, {
+    kind: "bash",
+    arguments: { command: "true" },
+  })
+  if (sent.state !== "succeeded") throw new Error(`bash true in one request answered ${JSON.stringify(sent)}`)
+  return sent
+}
 
 /** Sends `bash true` and waits for its end; answers the ended record. */
 const bashTrue = async (run: string) => {
@@ -119,17 +130,23 @@ await bashTrue(run)
 // In blocks: between two, the parent measures the bare exec baseline while this waits, so both
 // figures come from the same minutes of the machine (its speed drifts).
 const blocks = Number(blocksArg)
-const rtt: Array<number> = []
-for (let b = 0; b < blocks; b++) {
-  const size = Math.floor(Number(commandsArg) / blocks) + (b < Number(commandsArg) % blocks ? 1 : 0)
-  send({ block: "start" })
-  for (let j = 0; j < size; j++) {
-    const t = performance.now()
-    await bashTrue(run)
-    rtt.push(performance.now() - t)
+/** The commands' round trips with `command`, in blocks each followed by the parent's baseline block. */
+const inBlocks = async (command: (run: string) => Promise<unknown>, phase?: string) => {
+  const times: Array<number> = []
+  for (let b = 0; b < blocks; b++) {
+    const size = Math.floor(Number(commandsArg) / blocks) + (b < Number(commandsArg) % blocks ? 1 : 0)
+    send({ block: "start", phase })
+    for (let j = 0; j < size; j++) {
+      const t = performance.now()
+      await command(run)
+      times.push(performance.now() - t)
+    }
+    send({ block: "end", size, phase })
+    await new Promise((resolve) => process.once("message", resolve))
   }
-  send({ block: "end", size })
-  await new Promise((resolve) => process.once("message", resolve))
+  return times
 }
+const rtt = await inBlocks(bashTrue)
+const rttOne = await inBlocks(bashTrueOne, "one")
 await finish(run)
-process.send?.({ first, paced, pacedMs, rtt }, () => process.exit(0))
+process.send?.({ first, paced, pacedMs, rtt, rttOne }, () => process.exit(0))

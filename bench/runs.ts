@@ -9,7 +9,8 @@
  * a running run and await its end) p50/p99; beside the bare driver's exec round trip (`bash true`
  * over an open guest session on a machine made directly with the driver), measured in blocks
  * between the blocks of commands, so both come from the same minutes (this machine's speed drifts
- * by up to 1.7× over a run).
+ * by up to 1.7× over a run); and the same again with each command sent in one request
+ * (`POST …/commands?wait=25`, which answers the ended command), with its own baseline blocks.
  * The first topology is measured again with warm machines (`host-agent/runs/WarmPool.ts`: two of
  * the run's size kept booted, so a run starts on one made before it asked), beside the cold rows.
  * Goals on this machine: start → first result p50 < 1.5 s (issue 25: ≤ 100 ms warm); command round
@@ -87,6 +88,12 @@ interface Figures {
   readonly bare: Array<number>
   /** The server's CPU per command when its roles run in this process. */
   readonly cpuMs: number | undefined
+  /** As `rtt`, `bare` and `cpuMs`, with each command sent in one request (`POST …/commands?wait=25`). */
+  readonly one: {
+    readonly rtt: Array<number>
+    readonly bare: Array<number>
+    readonly cpuMs: number | undefined
+  }
   /** The host's log lines while the runs one after another started (their machines' takes). */
   readonly firstLines: ReadonlyArray<string>
 }
@@ -103,12 +110,14 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       { execArgv: ["--import", "tsx"], cwd: root, stdio: ["ignore", "inherit", "inherit", "ipc"] },
     )
     const bareRtt: Array<number> = []
+    const bareOne: Array<number> = []
     // The log lines of the runs one after another: from the first start to the paced phase.
     let linesFrom: number | undefined
     let firstLines: ReadonlyArray<string> = []
     // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
     let cpuUs = 0
+    let cpuOneUs = 0
     child.on("message", (raw) => {
       const m = raw as {
         started?: string
@@ -116,6 +125,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         block?: string
         size?: number
         first?: Array<number>
+        rttOne?: Array<number>
         paced?: Array<number>
         pacedMs?: number
         rtt?: Array<number>
@@ -128,11 +138,12 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       if (m.block === "start") cpu0 = process.cpuUsage()
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
-        cpuUs += used.user + used.system
+        if (m.phase === "one") cpuOneUs += used.user + used.system
+        else cpuUs += used.user + used.system
         // As many bare execs as the block had commands.
         bare.block(m.size ?? 0).then(
           (xs) => {
-            bareRtt.push(...xs)
+            ;(m.phase === "one" ? bareOne : bareRtt).push(...xs)
             child.send("go")
           },
           (e) => {
@@ -149,6 +160,11 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
           rtt: m.rtt,
           bare: bareRtt,
           cpuMs: stack.processes ? undefined : cpuUs / 1000 / commands,
+          one: {
+            rtt: m.rttOne ?? [],
+            bare: bareOne,
+            cpuMs: stack.processes ? undefined : cpuOneUs / 1000 / commands,
+          },
           firstLines,
         })
     })
@@ -227,7 +243,7 @@ const main = async () => {
     if (only.has("warm"))
       topologies.push(["one process (npm start), 2 warm machines", await measure(false, bare, 2)])
     const paced = await bare.paced(Math.min(commands, 50))
-    for (const [name, { first, paced, pacedMs, rtt, bare: baseline, cpuMs, firstLines }] of topologies) {
+    for (const [name, { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines }] of topologies) {
       console.log(`${name}:`)
       console.log(
         `  POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
@@ -255,6 +271,12 @@ const main = async () => {
       )
       console.log(
         `  ratio command/bare exec p50: ${(pct(rtt, 50) / pct(baseline, 50)).toFixed(2)} (goal < 2 in one process, < 3 with a process per role)`,
+      )
+      console.log(
+        `  command round trip in one request (POST …/commands?wait=25), bash true (${one.rtt.length}): p50 ${ms(pct(one.rtt, 50))}, p99 ${ms(pct(one.rtt, 99))}${one.cpuMs === undefined ? "" : `; server CPU ${one.cpuMs.toFixed(2)} ms per command`}`,
+      )
+      console.log(
+        `  bare driver exec, between its blocks (${one.bare.length}): p50 ${ms(pct(one.bare, 50))}; ratio one-request command/bare exec p50: ${(pct(one.rtt, 50) / pct(one.bare, 50)).toFixed(2)}`,
       )
     }
     console.log(
