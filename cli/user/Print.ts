@@ -77,7 +77,8 @@ export const bytes = (n: number): string => {
     v /= 1000
     u++
   }
-  return `${u === 0 ? v : v.toFixed(v < 10 ? 1 : 0)} ${units[u]}`
+  // Whole bytes (a rate can be a fraction of one: 46.15 B/s is shown as 46 B/s).
+  return `${u === 0 ? Math.round(v) : v.toFixed(v < 10 ? 1 : 0)} ${units[u]}`
 }
 
 /** A timestamp (ISO) as a short local date and time, or `-`. */
