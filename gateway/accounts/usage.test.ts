@@ -120,21 +120,19 @@ describe("usage, balance and webhook key", () => {
     const entries = await run(Ledger.read(out.account.id).pipe(Effect.provide(clientLayer(nats.url, prefix))))
     expect(entries.map((e) => [e.kind, e.amount_usd_nanos])).toEqual([["adjustment", 25_000_000_000]])
     const accountsBefore = await run(gateway.accounts.views.accounts.keys(">"))
-    for (const bad of ["0", "-5", "1.0000000001", "ten"]) {
-      const refused = await admin(
-        "create-account",
-        "--name",
-        "nope",
-        "--owner",
-        "nope@example.com",
-        "--credit-usd",
-        bad,
-      )
-      expect({ bad, code: refused.code, stdout: refused.stdout }).toEqual({ bad, code: 2, stdout: "" })
-      expect(refused.stderr).toContain("--credit-usd")
-    }
+    // At once: each is a whole process start (seconds each on a busy 2-core machine).
+    const bads = ["0", "-5", "1.0000000001", "ten"]
+    const refusals = await Promise.all(
+      bads.map((bad) =>
+        admin("create-account", "--name", "nope", "--owner", "nope@example.com", "--credit-usd", bad),
+      ),
+    )
+    expect(refusals.map((r, i) => ({ bad: bads[i], code: r.code, stdout: r.stdout }))).toEqual(
+      bads.map((bad) => ({ bad, code: 2, stdout: "" })),
+    )
+    for (const refused of refusals) expect(refused.stderr).toContain("--credit-usd")
     expect(await run(gateway.accounts.views.accounts.keys(">"))).toEqual(accountsBefore)
-  })
+  }, 120_000)
 
   it("admin credit adds and takes credit; /v1/usage and /v1/account show it", async () => {
     const added = await credit("--account", account.id, "--usd", "12.5")
@@ -161,14 +159,19 @@ describe("usage, balance and webhook key", () => {
   }, 120_000)
 
   it("admin credit refuses bad amounts (exit 2) and unknown accounts (exit 4), printing nothing", async () => {
-    for (const usd of ["abc", "1.0000000001", "0", "1e3", "99999999999"]) {
-      const r = await credit("--account", account.id, "--usd", usd)
-      expect({ usd, code: r.code, stdout: r.stdout }).toEqual({ usd, code: 2, stdout: "" })
-    }
+    // At once: each is a whole process start (seconds each on a busy 2-core machine).
+    const bads = ["abc", "1.0000000001", "0", "1e3", "99999999999"]
+    const refusals = await Promise.all(bads.map((usd) => credit("--account", account.id, "--usd", usd)))
+    expect(refusals.map((r, i) => ({ usd: bads[i], code: r.code, stdout: r.stdout }))).toEqual(
+      bads.map((usd) => ({ usd, code: 2, stdout: "" })),
+    )
     // The largest amount the balance can hold is accepted; one nanodollar more is refused by the
     // actor (exit 4) and leaves no ledger entry.
     const rich = (await run(gateway.accounts.createAccount("rich", "rich@example.com"))).account
-    const ok = await credit("--account", rich.id, "--usd", "9007199.254740991")
+    const [ok, missing] = await Promise.all([
+      credit("--account", rich.id, "--usd", "9007199.254740991"),
+      credit("--account", "acc_00000000000000000000000000", "--usd", "1"),
+    ])
     expect(ok.code).toBe(0)
     expect(JSON.parse(ok.stdout).balance_usd_nanos).toBe(Number.MAX_SAFE_INTEGER)
     const over = await credit("--account", rich.id, "--usd", "0.000000001")
@@ -176,7 +179,6 @@ describe("usage, balance and webhook key", () => {
     expect(over.stderr).toContain("largest safe integer")
     const entries = await run(Ledger.read(rich.id).pipe(Effect.provide(clientLayer(nats.url, prefix))))
     expect(entries).toHaveLength(1)
-    const missing = await credit("--account", "acc_00000000000000000000000000", "--usd", "1")
     expect(missing.code).toBe(4)
     expect(missing.stdout).toBe("")
     expect(missing.stderr).toContain("account not found")
