@@ -28,7 +28,7 @@ import {
   settle,
   until,
 } from "./harness/Chaos.ts"
-import { createAccount, type Json, problems, publish, type TestAccount } from "./harness/Stack.ts"
+import { createAccountPatiently, type Json, problems, publish, type TestAccount } from "./harness/Stack.ts"
 
 const minuteMs = 5_000
 /** Runs per round: the three hosts' room (two size `s` runs each). */
@@ -57,16 +57,7 @@ describe("faults on a 3-node cluster with every role its own process", () => {
   // credit was not confirmed in time (the account actors' partitions may still be catching up
   // after the previous case's fault).
   beforeEach(async () => {
-    for (let attempt = 1; ; attempt++) {
-      const made = await createAccount(c.stack, { creditUsd: 100, memoryMib: 64 * 1024 }).catch((e) => {
-        if (attempt >= 3) throw e
-        return undefined
-      })
-      if (made !== undefined) {
-        acct = made
-        break
-      }
-    }
+    acct = await createAccountPatiently(c.stack, { creditUsd: 100, memoryMib: 64 * 1024 })
     // 30 minutes are 150 s here (5 s minutes): after a node is killed and restarted the cluster
     // took over 100 s to settle in a full suite's load, and a run passed its timeout. What this
     // file checks is that nothing is lost or applied twice, not how fast the cluster recovers.

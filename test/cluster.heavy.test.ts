@@ -28,7 +28,7 @@ import {
   type Answer,
   call,
   closeStack,
-  createAccount,
+  createAccountPatiently,
   type Json,
   problems,
   publish,
@@ -187,7 +187,8 @@ describe("a 3-node NATS cluster", () => {
           )
         }),
       )
-      acct = await createAccount(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
+      // Made again if its credit is not confirmed in time (partitions may still be settling).
+      acct = await createAccountPatiently(stack, { creditUsd: 100, memoryMib: 64 * 1024 })
     }, 300_000)
 
     afterAll(() => closeStack(stack), 120_000)

@@ -779,6 +779,25 @@ export const createAccount = async (
   return { id: account.id, ownerEmail, owner, admin: { authorization: `Bearer ${key.token}` } }
 }
 
+/**
+ * `createAccount`, made again (another account) when a try fails, up to `attempts` tries: on a
+ * cluster just started, or just after a fault, the account actors' partitions may still be moving
+ * and the credit's ask can time out.
+ */
+export const createAccountPatiently = async (
+  stack: Stack,
+  options: Parameters<typeof createAccount>[1] = {},
+  attempts = 3,
+): Promise<TestAccount> => {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await createAccount(stack, options)
+    } catch (e) {
+      if (attempt >= attempts) throw e
+    }
+  }
+}
+
 /** Credits (or debits, when negative) the account through its actor, as `hangar admin credit`. */
 export const credit = (stack: Stack, account: string, usd: number) =>
   stack.run(AccountClient.adjust(account, "adjustment", usdNanos(usd), { timeout: "20 seconds" }))
