@@ -21,7 +21,7 @@ import { NamespaceDriverSettings } from "../host-agent/machines/namespace/Namesp
 import { derivedId } from "../host-agent/registry/HostSettings.ts"
 import type { OperatorEvent } from "../schema/OperatorEvent.ts"
 import { storageNames } from "../schema/Subjects.ts"
-import { type NatsCluster, startNatsCluster } from "./harness/NatsCluster.ts"
+import { clusterLeases, type NatsCluster, startNatsCluster } from "./harness/NatsCluster.ts"
 import { uniquePrefix } from "./harness/names.ts"
 import { freePort } from "./harness/Ports.ts"
 import {
@@ -145,7 +145,7 @@ describe("a 3-node NATS cluster", () => {
         hostVcpus: 2,
         minuteMs: 5_000,
         queueTimeoutMs: 600_000,
-        settings: { NATS_REPLICAS: 3 },
+        settings: { ...clusterLeases, NATS_REPLICAS: 3 },
       })
       const port = await freePort()
       const second = `http://127.0.0.1:${port}`

@@ -18,7 +18,7 @@ import { Effect, Option, Schedule, Schema } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import { Storage } from "../../core/Storage.ts"
 import { derivedId } from "../../host-agent/registry/HostSettings.ts"
-import { type NatsCluster, startNatsCluster } from "./NatsCluster.ts"
+import { clusterLeases, type NatsCluster, startNatsCluster } from "./NatsCluster.ts"
 import { freePort } from "./Ports.ts"
 import {
   type Answer,
@@ -423,7 +423,7 @@ export const clusterStack = async (options: StackOptions = {}): Promise<ClusterS
       ...options,
       processes: true,
       natsUrl: cluster.url,
-      settings: { ...options.settings, NATS_REPLICAS: 3 },
+      settings: { ...clusterLeases, ...options.settings, NATS_REPLICAS: 3 },
     })
     const s = stack
     const port = await freePort()

@@ -10,6 +10,16 @@ import { Redacted } from "effect"
 import { type StartedNatsServer, startNatsServer } from "./NatsServer.ts"
 import { freePort } from "./Ports.ts"
 
+/**
+ * Actor leases for a stack on a test cluster. The test stack's own (1.5 s, renewed every 300 ms,
+ * so a killed worker's partitions move at once) are about a hundred R3 writes a second per worker;
+ * on a 2-core machine running three nodes beside every role, a stall of a second let leases lapse,
+ * and both workers took each other's partitions in turn while runs waited for minutes (their
+ * bills too: the chaos file's ledger check failed so once). 6 s renewed every 1.5 s, in
+ * production's proportion (10 s, every 3.3 s).
+ */
+export const clusterLeases = { ACTOR_LEASE_MS: 6_000, ACTOR_RENEW_MS: 1_500 } as const
+
 /** A running cluster. */
 export interface NatsCluster {
   /** The nodes' client URLs, comma-separated, as `HANGAR_NATS_URL` takes them. */
