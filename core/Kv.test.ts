@@ -371,6 +371,101 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  // Reads of the bucket's keys under `prefix` from now on: a second subscriber on the direct-get
+  // subject sees each read request.
+  const countReads = (bucket: string, prefix: string) =>
+    Effect.gen(function* () {
+      const { connection } = yield* Nats
+      let reads = 0
+      const spy = connection.subscribe(`$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.${prefix}.>`, {
+        callback: () => {
+          reads++
+        },
+      })
+      yield* Effect.promise(() => connection.flush())
+      yield* Effect.addFinalizer(() => Effect.sync(() => spy.unsubscribe()))
+      return {
+        reads: () =>
+          Effect.as(
+            Effect.promise(() => connection.flush()),
+            reads,
+          ),
+      }
+    })
+
+  it.scoped(
+    "listen: a key first written after it started is answered from its writes alone, with no read",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        const run = uniqueName("r")
+        const { reads } = yield* countReads(kv.bucket, run)
+        const listener = yield* kv.listen(`${run}.*`)
+        yield* kv.put(`${run}.2`, { n: 9, by: "other key" })
+        yield* kv.put(`${run}.1`, { n: 1, by: "a" })
+        yield* kv.put(`${run}.1`, { n: 2, by: "b" })
+        expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000)).toEqual(
+          Option.some({ n: 2, by: "b" }),
+        )
+        expect(yield* reads()).toBe(0)
+      }),
+  )
+
+  it.scoped("listen: a key with no write since it started is read first, then waited on", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const run = uniqueName("r")
+      yield* kv.put(`${run}.1`, { n: 5, by: "before" })
+      const { reads } = yield* countReads(kv.bucket, run)
+      const listener = yield* kv.listen(`${run}.*`)
+      expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 5, 10_000)).toEqual(
+        Option.some({ n: 5, by: "before" }),
+      )
+      expect(yield* reads()).toBe(1)
+      // Not passing now: the wait goes on to the writes that come, and none of another key answers.
+      const waiting = yield* Effect.fork(listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000))
+      yield* kv.put(`${run}.2`, { n: 6, by: "other key" })
+      yield* kv.put(`${run}.1`, { n: 6, by: "after" })
+      expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 6, by: "after" }))
+      expect(yield* listener.awaitValueUpTo(`${run}.3`, () => true, 50)).toEqual(Option.none())
+    }),
+  )
+
+  it.scoped("listen: past the writes it keeps, a wait reads the key instead of trusting them", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const run = uniqueName("r")
+      const { reads } = yield* countReads(kv.bucket, run)
+      const listener = yield* kv.listen(`${run}.*`)
+      // The key's one write falls out of the kept writes: only a read can find it.
+      yield* kv.put(`${run}.1`, { n: 1, by: "early" })
+      yield* Effect.forEach(
+        Array.from({ length: 300 }, (_, i) => i + 2),
+        (i) => kv.put(`${run}.${i}`, { n: i, by: "filler" }),
+        { concurrency: 16 },
+      )
+      expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+        Option.some({ n: 1, by: "early" }),
+      )
+      expect(yield* reads()).toBe(1)
+    }),
+  )
+
+  it.effect("listen: its subscription ends with its scope", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const { connection } = yield* Nats
+      const before = subscriptions(connection)
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          yield* kv.listen(`${uniqueName("r")}.*`)
+          expect(subscriptions(connection)).toBe(before + 1)
+        }),
+      )
+      expect(subscriptions(connection)).toBe(before)
+    }),
+  )
+
   it.effect("an interrupted awaitValue unsubscribes", () =>
     Effect.gen(function* () {
       const kv = yield* actors

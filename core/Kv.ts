@@ -10,7 +10,12 @@
 import { type JetStreamClient, type JetStreamManager, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
-import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node"
+import {
+  type Msg,
+  type NatsConnection,
+  headers as natsHeaders,
+  type Subscription,
+} from "@nats-io/transport-node"
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
 import type { ParseError } from "effect/ParseResult"
@@ -119,6 +124,13 @@ export interface Kv<A> {
     timeoutMs: number,
   ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
   /**
+   * Listens to the stored writes of keys matching `filter` from now on (the core subscription of
+   * `awaitValue`, on a subject filter), until the scope closes: for a wait on a key not known yet,
+   * say a record the caller is about to have written. Once a write of the key has come, its value
+   * is known without a read.
+   */
+  readonly listen: (filter: string) => Effect.Effect<KvListener<A>, NatsError, Scope.Scope>
+  /**
    * As `watch`, but subscribed when the effect completes: every write after that point is in the
    * stream (subscribe, then read, then wait — no lost wake-up). Unsubscribes when the scope closes.
    */
@@ -126,6 +138,19 @@ export interface Kv<A> {
     filter?: string,
     options?: WatchOptions,
   ) => Effect.Effect<Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>, NatsError, Scope.Scope>
+}
+
+/** Waits on the writes a `Kv.listen` has seen since it started; one wait at a time (a wait lets go of other keys' writes). */
+export interface KvListener<A> {
+  /**
+   * As `Kv.awaitValueUpTo`, from the writes of `key` that came since the listener started; the
+   * current value is read first only when none has.
+   */
+  readonly awaitValueUpTo: (
+    key: string,
+    test: (value: A) => boolean,
+    timeoutMs: number,
+  ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
 }
 
 const CONFLICT_CODES = new Set([10071, 10164])
@@ -186,6 +211,86 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
     }
   },
 })
+
+/** The stored writes of a subject filter, queued as they come until taken (`awaitValue`, `listen`). */
+interface RepublishedWrites {
+  /** Whether a write of `key` has come (so its value is known from the writes alone). */
+  readonly seen: (key: string) => boolean
+  /** The next write of `key` not yet taken, waiting up to `deadline` (epoch ms); undefined once past it. */
+  readonly next: (key: string, deadline: number) => Effect.Effect<Msg | undefined, NatsError>
+  readonly close: () => void
+}
+
+// Writes kept of keys not asked for yet: past this, a wait reads the current value instead of
+// trusting the writes (a run's records do not come near it between a listen and its wait).
+const WRITES_KEPT = 256
+
+const republishedWrites = (
+  connection: NatsConnection,
+  prefix: string,
+  filter: string,
+  bucket: string,
+): RepublishedWrites => {
+  const operation = `kv.subscribe ${bucket}`
+  const queued: Array<Msg> = []
+  const seenKeys = new Set<string>()
+  let overflowed = false
+  let ended = false
+  let wake: (() => void) | undefined
+  const sub: Subscription = connection.subscribe(prefix + filter, {
+    callback: (_error, msg) => {
+      if (queued.length >= WRITES_KEPT) {
+        queued.shift()
+        overflowed = true
+      }
+      queued.push(msg)
+      if (!overflowed) seenKeys.add(msg.subject.slice(prefix.length))
+      wake?.()
+    },
+  })
+  void sub.closed.then(() => {
+    ended = true
+    wake?.()
+  })
+  // The first queued write of `subject`; writes of other keys before it are let go.
+  const take = (subject: string): Msg | undefined => {
+    while (queued.length > 0) {
+      const msg = queued.shift() as Msg
+      if (msg.subject === subject) return msg
+    }
+    return undefined
+  }
+  const next = (key: string, deadline: number) =>
+    Effect.async<Msg | undefined, NatsError>((resume) => {
+      const subject = prefix + key
+      const ready = () => {
+        const msg = take(subject)
+        if (msg !== undefined) resume(Effect.succeed(msg))
+        else if (ended) resume(Effect.fail(new NatsError({ operation, message: "the subscription ended" })))
+        else return false
+        return true
+      }
+      if (ready()) return
+      const left = deadline - Date.now()
+      if (left <= 0) return resume(Effect.succeed(undefined))
+      const timer = Number.isFinite(left)
+        ? setTimeout(() => {
+            wake = undefined
+            resume(Effect.succeed(undefined))
+          }, left)
+        : undefined
+      wake = () => {
+        if (!ready()) return
+        wake = undefined
+        clearTimeout(timer)
+      }
+      return Effect.sync(() => {
+        wake = undefined
+        clearTimeout(timer)
+      })
+    })
+  return { seen: (key) => !overflowed && seenKeys.has(key), next, close: () => sub.unsubscribe() }
+}
 
 // Typed views are made freely (per request, per actor read), so each connection opens each bucket
 // once and shares the handle, which holds nothing but names. A failed open is forgotten, so the
@@ -538,75 +643,66 @@ const build = <A, I>(
     // subscription, and the server handles one connection's messages in order, so a write
     // republished before it listens was stored before the read. One callback subscription and one
     // timer, no fibers: a long poll's wait is on the path of every command.
+    const subscribeWrites = (filter: string): Either.Either<RepublishedWrites, NatsError> => {
+      try {
+        return Either.right(republishedWrites(connection, republishedPrefix(bucket), filter, bucket))
+      } catch (cause) {
+        const message = cause instanceof Error ? cause.message : String(cause)
+        return Either.left(new NatsError({ operation: `kv.subscribe ${bucket}`, message, cause }))
+      }
+    }
+
+    // The first write of `key` that `test` accepts, from `writes`, up to `deadline`; the current
+    // value is read first unless a write of the key has come already (then it is known).
+    const awaitIn = (
+      writes: RepublishedWrites,
+      key: string,
+      test: (value: A) => boolean,
+      deadline: number,
+    ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
+      Effect.gen(function* () {
+        if (!writes.seen(key)) {
+          const now = yield* get(key)
+          if (Option.isSome(now) && test(now.value.value)) return Option.some(now.value.value)
+        }
+        for (;;) {
+          const msg = yield* writes.next(key, deadline)
+          if (msg === undefined) return Option.none()
+          const op = msg.headers?.get("KV-Operation")
+          if (op === "DEL" || op === "PURGE") continue
+          const value = yield* decode(key, msg.data)
+          if (test(value)) return Option.some(value)
+        }
+      })
+
+    const deadlineOf = (timeoutMs: number | undefined) =>
+      timeoutMs === undefined ? Number.POSITIVE_INFINITY : Date.now() + timeoutMs
+
     const awaitUpTo = (
       key: string,
       test: (value: A) => boolean,
       timeoutMs: number | undefined,
     ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
       Effect.suspend(() => {
-        const operation = `kv.subscribe ${bucket}`
-        const queued: Array<Msg> = []
-        let ended = false
-        let wake: (() => void) | undefined
-        let sub: Subscription
-        try {
-          sub = connection.subscribe(republishedPrefix(bucket) + key, {
-            callback: (_error, msg) => {
-              queued.push(msg)
-              wake?.()
-            },
-          })
-        } catch (cause) {
-          const message = cause instanceof Error ? cause.message : String(cause)
-          return Effect.fail(new NatsError({ operation, message, cause }))
-        }
-        void sub.closed.then(() => {
-          ended = true
-          wake?.()
+        const deadline = deadlineOf(timeoutMs)
+        return Either.match(subscribeWrites(key), {
+          onLeft: Effect.fail,
+          onRight: (writes) =>
+            awaitIn(writes, key, test, deadline).pipe(Effect.ensuring(Effect.sync(() => writes.close()))),
         })
-        const deadline = timeoutMs === undefined ? Number.POSITIVE_INFINITY : Date.now() + timeoutMs
-        // The next write, or undefined once the time is up.
-        const next = Effect.async<Msg | undefined, NatsError>((resume) => {
-          const ready = () => {
-            const msg = queued.shift()
-            if (msg !== undefined) resume(Effect.succeed(msg))
-            else if (ended)
-              resume(Effect.fail(new NatsError({ operation, message: "the subscription ended" })))
-            else return false
-            return true
-          }
-          if (ready()) return
-          const left = deadline - Date.now()
-          if (left <= 0) return resume(Effect.succeed(undefined))
-          const timer = Number.isFinite(left)
-            ? setTimeout(() => {
-                wake = undefined
-                resume(Effect.succeed(undefined))
-              }, left)
-            : undefined
-          wake = () => {
-            if (!ready()) return
-            wake = undefined
-            clearTimeout(timer)
-          }
-          return Effect.sync(() => {
-            wake = undefined
-            clearTimeout(timer)
-          })
-        })
-        return Effect.gen(function* () {
-          const now = yield* get(key)
-          if (Option.isSome(now) && test(now.value.value)) return Option.some(now.value.value)
-          for (;;) {
-            const msg = yield* next
-            if (msg === undefined) return Option.none()
-            const op = msg.headers?.get("KV-Operation")
-            if (op === "DEL" || op === "PURGE") continue
-            const value = yield* decode(key, msg.data)
-            if (test(value)) return Option.some(value)
-          }
-        }).pipe(Effect.ensuring(Effect.sync(() => sub.unsubscribe())))
       })
+
+    const listen: Kv<A>["listen"] = (filter) =>
+      Effect.map(
+        Effect.acquireRelease(
+          Effect.suspend(() => subscribeWrites(filter)),
+          (writes) => Effect.sync(() => writes.close()),
+        ),
+        (writes) => ({
+          awaitValueUpTo: (key, test, timeoutMs) =>
+            Effect.suspend(() => awaitIn(writes, key, test, deadlineOf(timeoutMs))),
+        }),
+      )
 
     const awaitValue: Kv<A>["awaitValue"] = (key, test) =>
       Effect.map(awaitUpTo(key, test, undefined), Option.getOrThrow)
@@ -625,5 +721,6 @@ const build = <A, I>(
       watchScoped,
       awaitValue,
       awaitValueUpTo,
+      listen,
     } satisfies Kv<A>
   })

@@ -14,7 +14,7 @@
  *   of a run with a KV watch from revision N+1. Callers bound waits with a timeout; interrupting
  *   one (the client went away) unsubscribes.
  */
-import { Effect, Option, Schema, Stream } from "effect"
+import { Effect, Option, Schema, type Scope, Stream } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import { changesAfter, type KvChangesRead } from "../../core/KvChanges.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
@@ -96,19 +96,33 @@ export const awaitEnded = (
   })
 
 /**
+ * Listens to the writes of the run's records from now on, until the scope closes: made before a
+ * command is asked for, its record's writes all come to `endedOrLatest`, which then need not read
+ * it (`POST …/commands?wait=`).
+ */
+export const listen = (
+  run: string,
+): Effect.Effect<RecordsListener, NatsError, Nats | Storage | Scope.Scope> =>
+  Effect.flatMap(commands, (kv) => kv.listen(kvKeys.commandsOf(run)))
+
+export type RecordsListener = Kv.KvListener<CommandRecord>
+
+/**
  * Command `cid` (at sequence `seq`) once it has ended, or as it is after `timeoutMs`; none when
  * `seq` holds no record of that command. One read serves as the existence check and the start of
- * the wait (subscribed before it), and the last value read is the answer when the time runs out.
- * The long polls of `GET …/commands/{cid}?wait=` and `POST …/commands?wait=`.
+ * the wait (subscribed before it), and the last value read is the answer when the time runs out;
+ * with a `listener` made before the command was asked for, the record's writes that came to it
+ * make the read needless. The long polls of `GET …/commands/{cid}?wait=` and `POST …/commands?wait=`.
  */
 export const endedOrLatest = (
   run: string,
   seq: number,
   cid: string,
   timeoutMs: number,
+  listener?: RecordsListener,
 ): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
   Effect.gen(function* () {
-    const kv = yield* commands
+    const kv = listener ?? (yield* commands)
     let latest: CommandRecord | undefined
     const ended = yield* kv.awaitValueUpTo(
       kvKeys.command(run, seq),
