@@ -20,7 +20,8 @@
  *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8] [topologies=one,roles,warm]
  */
 import { fork } from "node:child_process"
-import { readFile } from "node:fs/promises"
+import { readFile, writeFile } from "node:fs/promises"
+import { Session } from "node:inspector/promises"
 import { join } from "node:path"
 import { Effect } from "effect"
 import { root } from "../deploy/tools.mjs"
@@ -35,12 +36,35 @@ const commands = Number(process.argv[3] ?? 200)
 const blocks = Math.max(1, Math.min(commands, Number(process.argv[4] ?? 8)))
 /** Which topologies to measure: `one` (npm start), `roles` (a process per role), `warm`. */
 const only = new Set((process.argv[5] ?? "one,roles,warm").split(","))
+/**
+ * `BENCH_CPU_PROFILE=<folder>`: this process's CPU profile of each block of one-request commands
+ * (the server's, when its roles run here), written there as `one-<n>.cpuprofile` (open in Chrome's
+ * DevTools; `bench/profile-summary.ts` sums it by package and file).
+ */
+const profileDir = process.env.BENCH_CPU_PROFILE
+const profiling = profileDir === undefined ? undefined : new Session()
+let profiled = 0
+const keepProfile = async ({ profile }: { profile: unknown }) => {
+  const file = join(profileDir ?? "", `one-${++profiled}.cpuprofile`)
+  await writeFile(file, JSON.stringify(profile))
+  console.log(`CPU profile of a block of one-request commands: ${file}`)
+}
+if (profiling) {
+  profiling.connect()
+  await profiling.post("Profiler.enable")
+  await profiling.post("Profiler.setSamplingInterval", { interval: 100 })
+}
 
 const pct = (xs: Array<number>, p: number) => {
   const s = [...xs].sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] as number
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] as number | undefined
 }
-const ms = (n: number) => `${n.toFixed(2)} ms`
+const ms = (n: number | undefined) => (n === undefined ? "none" : `${n.toFixed(2)} ms`)
+/** The ratio of two p50s, or "none" when a side has no figures. */
+const ratio = (xs: Array<number>, baseline: Array<number>) => {
+  const [a, b] = [pct(xs, 50), pct(baseline, 50)]
+  return a === undefined || b === undefined ? "none" : (a / b).toFixed(2)
+}
 
 /** A guest session on a machine made directly with the driver: the bare exec baseline. */
 interface Bare {
@@ -135,9 +159,13 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         linesFrom ??= stack.lines.length
       }
       if (m.phase === "paced") firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
-      if (m.block === "start") cpu0 = process.cpuUsage()
+      if (m.block === "start") {
+        if (m.phase === "one" && profiling) void profiling.post("Profiler.start")
+        cpu0 = process.cpuUsage()
+      }
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
+        if (m.phase === "one" && profiling) void profiling.post("Profiler.stop").then(keepProfile)
         if (m.phase === "one") cpuOneUs += used.user + used.system
         else cpuUs += used.user + used.system
         // As many bare execs as the block had commands.
@@ -270,13 +298,13 @@ const main = async () => {
         `  bare driver exec, bash true over an open session, between its blocks (${baseline.length}): p50 ${ms(pct(baseline, 50))}, p99 ${ms(pct(baseline, 99))}`,
       )
       console.log(
-        `  ratio command/bare exec p50: ${(pct(rtt, 50) / pct(baseline, 50)).toFixed(2)} (goal < 2 in one process, < 3 with a process per role)`,
+        `  ratio command/bare exec p50: ${ratio(rtt, baseline)} (goal < 2 in one process, < 3 with a process per role)`,
       )
       console.log(
         `  command round trip in one request (POST …/commands?wait=25), bash true (${one.rtt.length}): p50 ${ms(pct(one.rtt, 50))}, p99 ${ms(pct(one.rtt, 99))}${one.cpuMs === undefined ? "" : `; server CPU ${one.cpuMs.toFixed(2)} ms per command`}`,
       )
       console.log(
-        `  bare driver exec, between its blocks (${one.bare.length}): p50 ${ms(pct(one.bare, 50))}; ratio one-request command/bare exec p50: ${(pct(one.rtt, 50) / pct(one.bare, 50)).toFixed(2)}`,
+        `  bare driver exec, between its blocks (${one.bare.length}): p50 ${ms(pct(one.bare, 50))}; ratio one-request command/bare exec p50: ${ratio(one.rtt, one.bare)}`,
       )
     }
     console.log(

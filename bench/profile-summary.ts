@@ -1,0 +1,74 @@
+/**
+ * Sums CPU profiles (`.cpuprofile`, as `bench/runs.ts` writes with `BENCH_CPU_PROFILE`) by where
+ * the time was spent, self time only: an npm package, a file of this project, Node's own code,
+ * garbage collection; then the functions with the most self time. With `per=<n>`, each figure is
+ * also divided by n (say, the commands the profiles cover) to print milliseconds per command.
+ *
+ *   node --import tsx bench/profile-summary.ts [--per=<n>] [--top=<n>] <file.cpuprofile> ...
+ */
+import { readFile } from "node:fs/promises"
+
+interface ProfileNode {
+  readonly id: number
+  readonly callFrame: {
+    readonly functionName: string
+    readonly url: string
+    readonly lineNumber: number
+  }
+}
+interface Profile {
+  readonly nodes: ReadonlyArray<ProfileNode>
+  readonly samples: ReadonlyArray<number>
+  readonly timeDeltas: ReadonlyArray<number>
+}
+
+const args = process.argv.slice(2)
+const option = (name: string) => {
+  const found = args.find((a) => a.startsWith(`--${name}=`))
+  return found === undefined ? undefined : Number(found.slice(name.length + 3))
+}
+const per = option("per")
+const top = option("top") ?? 25
+const files = args.filter((a) => !a.startsWith("--"))
+
+/** Where a frame's code is: a package, a project file, Node's own, or the VM's. */
+const placeOf = (node: ProfileNode): string => {
+  const { url, functionName } = node.callFrame
+  if (url === "") return `(${functionName || "anonymous"})`
+  const pkg = /node_modules\/((?:@[^/]+\/)?[^/]+)/.exec(url)
+  if (pkg) return pkg[1] as string
+  if (url.startsWith("node:")) return "node:"
+  const own = /\/work\/[^/]+\/(.*)$/.exec(url.replace(/^file:\/\//, ""))
+  return own ? (own[1] as string) : url
+}
+
+const byPlace = new Map<string, number>()
+const byFunction = new Map<string, number>()
+let total = 0
+for (const file of files) {
+  const profile = JSON.parse(await readFile(file, "utf8")) as Profile
+  const nodes = new Map(profile.nodes.map((n) => [n.id, n]))
+  profile.samples.forEach((id, i) => {
+    const node = nodes.get(id)
+    const us = profile.timeDeltas[i] ?? 0
+    if (!node) return
+    const place = placeOf(node)
+    if (place === "(idle)") return
+    total += us
+    byPlace.set(place, (byPlace.get(place) ?? 0) + us)
+    const fn = `${node.callFrame.functionName || "(anonymous)"} ${place}:${node.callFrame.lineNumber + 1}`
+    byFunction.set(fn, (byFunction.get(fn) ?? 0) + us)
+  })
+}
+
+const row = (name: string, us: number) =>
+  `${(us / 1000).toFixed(1).padStart(9)} ms ${((100 * us) / total).toFixed(1).padStart(5)} %${
+    per === undefined ? "" : ` ${(us / 1000 / per).toFixed(3).padStart(7)} ms each`
+  }  ${name}`
+const sorted = (m: Map<string, number>) => [...m.entries()].sort((a, b) => b[1] - a[1])
+
+console.log(row("busy in all (idle left out)", total))
+console.log("by place:")
+for (const [name, us] of sorted(byPlace).slice(0, top)) console.log(row(name, us))
+console.log("by function:")
+for (const [name, us] of sorted(byFunction).slice(0, top)) console.log(row(name, us))
