@@ -1,9 +1,10 @@
 #!/usr/bin/env node
-// The `hangar` command. The project runs TypeScript directly (no build step), so a user's command
-// would pay tsx's compile at every start. Instead the user CLI (`cli/user/`) is bundled by esbuild
-// into `.tools/cli/` the first time it runs after a change to its sources (a few stats tell), and
-// started from there; each command's code is its own chunk, loaded only when that command runs.
-// `serve` and `admin` (the service itself) and any failure to bundle go through tsx as before.
+// The `hangar` command. The project runs TypeScript directly (no build step), so a command would
+// pay tsx's compile at every start. Instead the user CLI (`cli/user/`) and the operator commands
+// (`hangar admin`, `cli/admin.ts`) are bundled by esbuild into `.tools/cli/` the first time one
+// runs after a change to their sources (a few stats tell), and started from there; each user
+// command's code is its own chunk, loaded only when that command runs. `serve` (the service
+// itself) and any failure to bundle go through tsx as before.
 //
 // Each bundle is a folder of its own, never changed; `.tools/cli/current` names the newest (written
 // whole and renamed into place), so processes bundling at once, or a process still loading chunks
@@ -26,27 +27,31 @@ const command = process.argv[2]
 const home = join(process.env.HANGAR_TOOLS_DIR ?? join(root, ".tools"), "cli")
 const pointer = join(home, "current")
 
-/** The current bundle's entry when it is newer than every source it was made from, else undefined. */
+/** The entries of a bundle: the user CLI, and the operator commands. */
+const entryPoints = { main: join(root, "cli", "user", "main.ts"), admin: join(root, "cli", "admin.ts") }
+
+/** The current bundle's folder when it is newer than every source it was made from, else undefined. */
 const fresh = () => {
   try {
     const dir = join(home, readFileSync(pointer, "utf8").trim())
     const made = JSON.parse(readFileSync(join(dir, "inputs.json"), "utf8"))
     const at = statSync(join(dir, "main.mjs")).mtimeMs
     for (const input of made.inputs) if (statSync(join(root, input)).mtimeMs > at) return undefined
-    return join(dir, "main.mjs")
+    for (const name of Object.keys(entryPoints)) statSync(join(dir, `${name}.mjs`))
+    return dir
   } catch {
     return undefined
   }
 }
 
-/** Bundles the user CLI into a new folder and makes it the current one; answers its entry. */
+/** Bundles the user CLI and the operator commands into a new folder and makes it the current one; answers it. */
 const bundle = async () => {
-  const { build } = await import("esbuild")
+  const [{ build }, { sourceUrls }] = await Promise.all([import("esbuild"), import("./bundle.mjs")])
   mkdirSync(home, { recursive: true })
   const name = `b-${Date.now()}-${process.pid}`
   const dir = join(home, name)
   const result = await build({
-    entryPoints: { main: join(root, "cli", "user", "main.ts") },
+    entryPoints,
     outdir: dir,
     outExtension: { ".js": ".mjs" },
     bundle: true,
@@ -57,6 +62,7 @@ const bundle = async () => {
     packages: "external",
     metafile: true,
     logLevel: "silent",
+    plugins: [sourceUrls],
     define: {
       HANGAR_VERSION: JSON.stringify(JSON.parse(readFileSync(join(root, "package.json"), "utf8")).version),
     },
@@ -70,25 +76,32 @@ const bundle = async () => {
   for (const entry of readdirSync(home))
     if (entry.startsWith("b-") && entry !== name && Number(entry.split("-")[1]) < old)
       rmSync(join(home, entry), { recursive: true, force: true })
-  return join(dir, "main.mjs")
+  return dir
 }
 
-const user = async () => {
-  let entry = fresh()
-  if (entry === undefined) {
+/** Runs the command from the bundle (made first when stale); false when it could not be made. */
+const bundled = async () => {
+  let dir = fresh()
+  if (dir === undefined) {
     try {
-      entry = await bundle()
+      dir = await bundle()
     } catch {
       return false
     }
   }
-  const { main } = await import(pathToFileURL(entry).href)
+  if (command === "admin") {
+    // It prints its answer and exits by itself.
+    const { main } = await import(pathToFileURL(join(dir, "admin.mjs")).href)
+    main(process.argv.slice(3))
+    return true
+  }
+  const { main } = await import(pathToFileURL(join(dir, "main.mjs")).href)
   const status = await main(process.argv.slice(2))
   process.stdout.write("", () => process.exit(status))
   return true
 }
 
-if (command === "serve" || command === "admin" || !(await user())) {
+if (command === "serve" || !(await bundled())) {
   const { register } = await import("tsx/esm/api")
   register()
   await import("./main.ts")
