@@ -395,6 +395,46 @@ describe("waiting for one command", () => {
       )
       .toBe(true)
   })
+
+  it("a client that goes away ends a create's wait; the command it sent stays", async () => {
+    const since = await latest()
+    const requestId = `abort-create-${Date.now()}`
+    const command = `echo left-${requestId}`
+    const abort = new AbortController()
+    const pending = fetch(`${stack.url}/v1/runs/${run}/commands?wait=25`, {
+      method: "POST",
+      headers: { ...a.admin, "content-type": "application/json", "x-request-id": requestId },
+      body: JSON.stringify({ kind: "bash", arguments: { command } }),
+      signal: abort.signal,
+    }).catch((e: unknown) => e)
+    // The command is stored before the wait begins (the run is queued: it will not end).
+    await expect
+      .poll(
+        async () => {
+          const list = expectStatus(await get(`/v1/runs/${run}/commands?since=${since}`), 200, "list")
+          return (list.commands as Array<Json>).filter((c) => c.arguments.command === command).length
+        },
+        { timeout: 15_000, interval: 100 },
+      )
+      .toBe(1)
+    abort.abort()
+    await pending
+    // Its access line is written when the handler's fiber ends, well before the 25 s, marked as
+    // a client that left; the command is there, queued, once.
+    await expect
+      .poll(
+        () =>
+          stack.lines.some(
+            (l) => l.role === "gateway" && l.line.includes(requestId) && l.line.includes('"aborted":true'),
+          ),
+        { timeout: 15_000, interval: 100 },
+      )
+      .toBe(true)
+    const list = expectStatus(await get(`/v1/runs/${run}/commands?since=${since}`), 200, "list")
+    const sent = (list.commands as Array<Json>).filter((c) => c.arguments.command === command)
+    expect(sent).toHaveLength(1)
+    expect(sent[0].state).toBe("queued")
+  })
 })
 
 describe("the list: commands changed after N", () => {
