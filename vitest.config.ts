@@ -8,7 +8,12 @@ export default defineConfig({
     include: ["**/*.test.ts"],
     exclude: ["node_modules/**", ".tools/**", ".data/**"],
     pool: "forks",
-    poolOptions: { forks: { maxForks: 2, minForks: 1 } },
+    // Two forks, each running file after file without a fresh module registry: a file's imports
+    // (effect, the NATS client, the roles) are loaded once per fork, not once per file (collect
+    // took 291 s of a 1,433 s run; on 30 small files, 44 s against 22 s). Files share nothing
+    // else: each starts its own nats-server and stack with its own storage prefix, and the one
+    // that changes the environment puts it back.
+    poolOptions: { forks: { maxForks: 2, minForks: 1, isolate: false } },
     testTimeout: 60_000,
     // A file's stack closes every role (up to 30 s each when a role hangs) on a loaded machine.
     hookTimeout: 120_000,
