@@ -1,6 +1,6 @@
 // The user CLI: (a) `hangar version` start-up, p50/p95 over N runs, beside `node -e 0` in the same
-// run; (b) `hangar run --in`'s upload, a generated folder (a few big random files) packed and sent
-// by `uploadFolder`, beside the gateway's raw upload rate in the same run (POST /v1/files, then the
+// run, and the operator commands' (`hangar admin` to its usage error); (b) `hangar run --in`'s
+// upload, a generated folder (a few big random files) packed and sent by `uploadFolder`, beside the gateway's raw upload rate in the same run (POST /v1/files, then the
 // PUT of the same archive bytes from a file, streamed by fetch). Prints both rates and the ratio;
 // the goal is the CLI at ≥ 80 % of raw. No assertions.
 // Run: node --import tsx bench/cli.ts [runs, default 20] [MiB, default 1024]
@@ -29,17 +29,17 @@ const folderBytes = Number(process.argv[3] ?? 1024) * MiB
 const quantile = (sorted: ReadonlyArray<number>, q: number) =>
   sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] ?? Number.NaN
 
-const timedSpawn = (args: ReadonlyArray<string>): number => {
+const timedSpawn = (args: ReadonlyArray<string>, status = 0): number => {
   const start = process.hrtime.bigint()
   const r = spawnSync(process.execPath, args, { cwd: root, stdio: ["ignore", "ignore", "pipe"] })
   const ms = Number(process.hrtime.bigint() - start) / 1e6
-  if (r.status !== 0) throw new Error(`${args.join(" ")} exited ${r.status}: ${r.stderr}`)
+  if (r.status !== status) throw new Error(`${args.join(" ")} exited ${r.status}: ${r.stderr}`)
   return ms
 }
 
-const startup = (label: string, args: ReadonlyArray<string>) => {
-  timedSpawn(args) // warm: the CLI bundles itself on its first start after a change
-  const times = Array.from({ length: runs }, () => timedSpawn(args)).sort((a, b) => a - b)
+const startup = (label: string, args: ReadonlyArray<string>, status = 0) => {
+  timedSpawn(args, status) // warm: the CLI bundles itself on its first start after a change
+  const times = Array.from({ length: runs }, () => timedSpawn(args, status)).sort((a, b) => a - b)
   const p50 = quantile(times, 0.5)
   const p95 = quantile(times, 0.95)
   console.log(
@@ -52,6 +52,10 @@ console.log(`start-up over ${runs} runs`)
 const bare = startup("node -e 0", ["-e", "0"])
 const version = startup("hangar version", [join(root, "cli", "bin.js"), "version"])
 console.log(`hangar version over node: +${(version.p50 - bare.p50).toFixed(0)} ms at p50`)
+// The operator commands load effect and the NATS client (bundled, no tsx): to their usage error,
+// which comes after every module is loaded and before any connection.
+const admin = startup("hangar admin (usage, exit 2)", [join(root, "cli", "bin.js"), "admin"], 2)
+console.log(`hangar admin over node: +${(admin.p50 - bare.p50).toFixed(0)} ms at p50`)
 
 // ---------------------------------------------------------------------------------------------
 // The upload.
