@@ -1,8 +1,9 @@
 // The user CLI: (a) `hangar version` start-up, p50/p95 over N runs, beside `node -e 0` in the same
 // run, and the operator commands' (`hangar admin` to its usage error); (b) `hangar run --in`'s
-// upload, a generated folder (a few big random files) packed and sent by `uploadFolder`, beside the gateway's raw upload rate in the same run (POST /v1/files, then the
-// PUT of the same archive bytes from a file, streamed by fetch). Prints both rates and the ratio;
-// the goal is the CLI at ≥ 80 % of raw. No assertions.
+// upload, a generated folder (a few big random files) packed and sent by `uploadFolder`, beside
+// the gateway's raw upload rate in the same run (POST /v1/files, then the PUT of the same archive
+// bytes from a file, streamed by fetch). Prints both rates and the ratio; the goal is the CLI at
+// ≥ 80 % of raw. No assertions.
 // Run: node --import tsx bench/cli.ts [runs, default 20] [MiB, default 1024]
 //
 // The gateway is its own process (`gateway/uploads/testServer.ts` on a real nats-server), as in
