@@ -67,6 +67,21 @@ const get = (path: string, headers: Headers = a.admin) => call(stack, "GET", pat
 const cancel = (r: string, cid: string, headers: Headers = a.admin) =>
   call(stack, "POST", `/v1/runs/${r}/commands/${cid}/cancel`, headers)
 
+/**
+ * Waits for the gateway's access line of request `requestId` marked as a client that left (it is
+ * written when the handler's fiber ends).
+ */
+const accessLineAborted = (requestId: string) =>
+  expect
+    .poll(
+      () =>
+        stack.lines.some(
+          (l) => l.role === "gateway" && l.line.includes(requestId) && l.line.includes('"aborted":true'),
+        ),
+      { timeout: 15_000, interval: 100 },
+    )
+    .toBe(true)
+
 /** The run's change counter now: its list read to the end (a read holds about `LIST_MAX_BYTES`). */
 const latest = async (r: string = run): Promise<number> => {
   let since = 0
@@ -385,15 +400,7 @@ describe("waiting for one command", () => {
     await pending
     // The access line is written when the handler's fiber ends: well before the 25 s wait would
     // have, and marked as a client that left.
-    await expect
-      .poll(
-        () =>
-          stack.lines.some(
-            (l) => l.role === "gateway" && l.line.includes(requestId) && l.line.includes('"aborted":true'),
-          ),
-        { timeout: 15_000, interval: 100 },
-      )
-      .toBe(true)
+    await accessLineAborted(requestId)
   })
 
   it("a client that goes away ends a create's wait; the command it sent stays", async () => {
@@ -421,15 +428,7 @@ describe("waiting for one command", () => {
     await pending
     // Its access line is written when the handler's fiber ends, well before the 25 s, marked as
     // a client that left; the command is there, queued, once.
-    await expect
-      .poll(
-        () =>
-          stack.lines.some(
-            (l) => l.role === "gateway" && l.line.includes(requestId) && l.line.includes('"aborted":true'),
-          ),
-        { timeout: 15_000, interval: 100 },
-      )
-      .toBe(true)
+    await accessLineAborted(requestId)
     const list = expectStatus(await get(`/v1/runs/${run}/commands?since=${since}`), 200, "list")
     const sent = (list.commands as Array<Json>).filter((c) => c.arguments.command === command)
     expect(sent).toHaveLength(1)
