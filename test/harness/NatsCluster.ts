@@ -6,6 +6,8 @@
  * rebooted would. The config is the one `deploy/cluster/` documents, with test ports.
  */
 import { randomBytes } from "node:crypto"
+import { jetstreamManager } from "@nats-io/jetstream"
+import { connect } from "@nats-io/transport-node"
 import { Redacted } from "effect"
 import { type StartedNatsServer, startNatsServer } from "./NatsServer.ts"
 import { freePort } from "./Ports.ts"
@@ -41,7 +43,38 @@ export const clusterBlock = (name: string, routePorts: ReadonlyArray<number>, in
     "}",
   ].join("\n")
 
-/** Starts `size` nodes (default 3) and answers once each listens (the cluster forms on its own). */
+/**
+ * Waits until JetStream answers on every node (`$JS.API.INFO`: the node's JetStream started and
+ * the cluster's meta leader elected). A node killed before that, while it still writes its first
+ * JetStream state, can be left with a file it refuses at its next start ("corrupt state file",
+ * seen once under a loaded suite; nats-server issue 4195 is the same kind): the tests kill nodes
+ * of a formed cluster, as a crash in production would.
+ */
+const untilJetStreamAnswers = async (urls: ReadonlyArray<string>, timeoutMs = 60_000) => {
+  const deadline = Date.now() + timeoutMs
+  for (const url of urls) {
+    const nc = await connect({ servers: url, name: "cluster-ready" })
+    try {
+      const jsm = await jetstreamManager(nc, { checkAPI: false })
+      for (;;) {
+        const answered = await jsm.getAccountInfo().then(
+          () => true,
+          (e: unknown) => {
+            if (Date.now() > deadline)
+              throw new Error(`JetStream did not answer on ${url} in ${timeoutMs} ms: ${String(e)}`)
+            return false
+          },
+        )
+        if (answered) break
+        await new Promise((r) => setTimeout(r, 100))
+      }
+    } finally {
+      await nc.close()
+    }
+  }
+}
+
+/** Starts `size` nodes (default 3) and answers once each listens and JetStream answers on each. */
 export const startNatsCluster = async (size = 3): Promise<NatsCluster> => {
   const name = `hangar-test-${randomBytes(4).toString("hex")}`
   const routePorts = await Promise.all(Array.from({ length: size }, freePort))
@@ -59,6 +92,7 @@ export const startNatsCluster = async (size = 3): Promise<NatsCluster> => {
           extraConfig: clusterBlock(name, routePorts, i),
         }),
       )
+    await untilJetStreamAnswers(nodes.map((n) => n.url))
   } catch (e) {
     await stop()
     throw e

@@ -6,7 +6,7 @@
  * it runs have its files bound over their `/proc` files).
  */
 import { spawn } from "node:child_process"
-import { readFileSync } from "node:fs"
+import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { run } from "./exec.ts"
@@ -26,6 +26,14 @@ export const procFiles: ReadonlyArray<string> = [
 ]
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+const readlinkOr = (path: string): string | undefined => {
+  try {
+    return readlinkSync(path)
+  } catch {
+    return undefined
+  }
+}
 
 const serving = (mount: string) =>
   readFile(join(mount, "proc", "meminfo"), "utf8").then(
@@ -47,6 +55,10 @@ const knownServing = (mount: string, pidFile: string): boolean => {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
     const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
     if (!stat.startsWith(`${pid} (lxcfs) `) || state === "Z" || state === "X") return false
+    // A killed lxcfs is not a zombie at once: it still exits for a while after it let go of its
+    // FUSE device, and the mount died then. Serving means holding the device.
+    const fds = `/proc/${pid}/fd`
+    if (!readdirSync(fds).some((fd) => readlinkOr(`${fds}/${fd}`) === "/dev/fuse")) return false
     return readFileSync("/proc/self/mountinfo", "utf8")
       .split("\n")
       .some((line) => line.split(" ")[4] === mount && line.includes(" - fuse.lxcfs "))
