@@ -14,6 +14,8 @@ export default defineConfig({
     // else: each starts its own nats-server and stack with its own storage prefix, and the one
     // that changes the environment puts it back.
     poolOptions: { forks: { maxForks: 2, minForks: 1, isolate: false } },
+    // Runs before every file, in its fork: what a harness module undoes after each file.
+    setupFiles: ["test/harness/setup.ts"],
     testTimeout: 60_000,
     // A file's stack closes every role (up to 30 s each when a role hangs) on a loaded machine.
     hookTimeout: 120_000,

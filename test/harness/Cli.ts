@@ -6,7 +6,6 @@ import { spawn } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { afterAll } from "vitest"
 import { root } from "../../deploy/tools.mjs"
 
 /** The binary's path. */
@@ -35,12 +34,15 @@ export interface RunOptions {
 
 let homes: string | undefined
 
-// Removed after the test file that made them (imported by a test file, this registers on its
-// suite). An exit handler did not run: vitest ends its forked workers with a signal.
-afterAll(() => {
+/**
+ * Removes the config folders made so far: after each test file (`test/harness/setup.ts`, which
+ * vitest runs for every file, where this module is loaded once per fork). An exit handler did not
+ * run: vitest ends its forked workers with a signal.
+ */
+export const removeConfigHomes = (): void => {
   if (homes !== undefined) rmSync(homes, { recursive: true, force: true })
   homes = undefined
-})
+}
 
 /**
  * A fresh config folder (`XDG_CONFIG_HOME`), so no test sees another's saved key. They are made in
