@@ -27,8 +27,10 @@ const ephemeralRange = (): readonly [number, number] => {
  * A free loopback port for a server started right after (closed again at once), picked outside the
  * kernel's ephemeral range: a port from that range, once closed, can be taken by any outgoing
  * connection's local end or `listen(0)` on the machine before the server binds it (the server then
- * exits at start with EADDRINUSE: the likely cause of a cluster node that exited at start once
- * under the full suite), and again before a node killed in a test is restarted on it. Ports outside it are taken only by an explicit bind.
+ * exits at start with EADDRINUSE: one possible cause of a cluster node that exited at start once
+ * under the full suite; a node killed before its cluster's JetStream answered is another, seen
+ * since: `NatsCluster.ts`), and again before a node killed in a test is restarted on it. Ports
+ * outside it are taken only by an explicit bind.
  */
 export const freePort = async (): Promise<number> => {
   const [low, high] = ephemeralRange()
