@@ -44,6 +44,45 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect(
+    "creating sends at once and answers later: both stored; a taken key conflicts, a deleted one is free",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        const [a, b, taken, deleted] = ["a", "b", "taken", "deleted"].map((k) => uniqueName(k))
+        yield* kv.create(taken!, { n: 0, by: "first" })
+        yield* kv.create(deleted!, { n: 0, by: "first" })
+        yield* kv.delete(deleted!)
+        const writes = [
+          yield* kv.creating(a!, { n: 1, by: "a" }),
+          yield* kv.creating(b!, { n: 2, by: "b" }),
+          yield* kv.creating(taken!, { n: 3, by: "late" }),
+          yield* kv.creating(deleted!, { n: 4, by: "again" }),
+        ]
+        // Awaited last to first: each answer was kept until asked for.
+        const [againRev, conflict, bRev, aRev] = [
+          yield* writes[3]!,
+          yield* Effect.flip(writes[2]!),
+          yield* writes[1]!,
+          yield* writes[0]!,
+        ]
+        expect(yield* kv.get(a!)).toEqual(Option.some({ value: { n: 1, by: "a" }, revision: aRev }))
+        expect(yield* kv.get(b!)).toEqual(Option.some({ value: { n: 2, by: "b" }, revision: bRev }))
+        expect(conflict).toMatchObject({ _tag: "StateConflict", key: taken, expectedRevision: 0 })
+        expect(Option.getOrThrow(yield* kv.get(taken!)).value).toEqual({ n: 0, by: "first" })
+        expect(yield* kv.get(deleted!)).toEqual(
+          Option.some({ value: { n: 4, by: "again" }, revision: againRev }),
+        )
+        // A bad key or value is refused before anything is sent.
+        expect(yield* kv.creating("bad key", { n: 5, by: "x" }).pipe(Effect.flip)).toMatchObject({
+          _tag: "NatsError",
+          message: "invalid key: bad key",
+        })
+        const invalid = yield* kv.creating(uniqueName("c"), { n: "x", by: "x" } as never).pipe(Effect.flip)
+        expect(invalid).toMatchObject({ _tag: "KvValueInvalid", direction: "encode" })
+      }),
+  )
+
   it.effect("concurrent updates with the same revision: exactly one wins, the others conflict", () =>
     Effect.gen(function* () {
       const kv = yield* actors
@@ -400,12 +439,15 @@ layer(layerAll())("Kv", (it) => {
         const kv = yield* actors
         const run = uniqueName("r")
         const { reads } = yield* countReads(kv.bucket, run)
-        const listener = yield* kv.listen(`${run}.*`)
-        yield* kv.put(`${run}.2`, { n: 9, by: "other key" })
-        yield* kv.put(`${run}.1`, { n: 1, by: "a" })
-        yield* kv.put(`${run}.1`, { n: 2, by: "b" })
-        expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000)).toEqual(
-          Option.some({ n: 2, by: "b" }),
+        yield* kv.listen(`${run}.*`, (listener) =>
+          Effect.gen(function* () {
+            yield* kv.put(`${run}.2`, { n: 9, by: "other key" })
+            yield* kv.put(`${run}.1`, { n: 1, by: "a" })
+            yield* kv.put(`${run}.1`, { n: 2, by: "b" })
+            expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000)).toEqual(
+              Option.some({ n: 2, by: "b" }),
+            )
+          }),
         )
         expect(yield* reads()).toBe(0)
       }),
@@ -417,17 +459,20 @@ layer(layerAll())("Kv", (it) => {
       const run = uniqueName("r")
       yield* kv.put(`${run}.1`, { n: 5, by: "before" })
       const { reads } = yield* countReads(kv.bucket, run)
-      const listener = yield* kv.listen(`${run}.*`)
-      expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 5, 10_000)).toEqual(
-        Option.some({ n: 5, by: "before" }),
+      yield* kv.listen(`${run}.*`, (listener) =>
+        Effect.gen(function* () {
+          expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 5, 10_000)).toEqual(
+            Option.some({ n: 5, by: "before" }),
+          )
+          expect(yield* reads()).toBe(1)
+          // Not passing now: the wait goes on to the writes that come, and none of another key answers.
+          const waiting = yield* Effect.fork(listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000))
+          yield* kv.put(`${run}.2`, { n: 6, by: "other key" })
+          yield* kv.put(`${run}.1`, { n: 6, by: "after" })
+          expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 6, by: "after" }))
+          expect(yield* listener.awaitValueUpTo(`${run}.3`, () => true, 50)).toEqual(Option.none())
+        }),
       )
-      expect(yield* reads()).toBe(1)
-      // Not passing now: the wait goes on to the writes that come, and none of another key answers.
-      const waiting = yield* Effect.fork(listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000))
-      yield* kv.put(`${run}.2`, { n: 6, by: "other key" })
-      yield* kv.put(`${run}.1`, { n: 6, by: "after" })
-      expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 6, by: "after" }))
-      expect(yield* listener.awaitValueUpTo(`${run}.3`, () => true, 50)).toEqual(Option.none())
     }),
   )
 
@@ -436,32 +481,48 @@ layer(layerAll())("Kv", (it) => {
       const kv = yield* actors
       const run = uniqueName("r")
       const { reads } = yield* countReads(kv.bucket, run)
-      const listener = yield* kv.listen(`${run}.*`)
-      // The key's one write falls out of the kept writes: only a read can find it.
-      yield* kv.put(`${run}.1`, { n: 1, by: "early" })
-      yield* Effect.forEach(
-        Array.from({ length: 300 }, (_, i) => i + 2),
-        (i) => kv.put(`${run}.${i}`, { n: i, by: "filler" }),
-        { concurrency: 16 },
-      )
-      expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
-        Option.some({ n: 1, by: "early" }),
+      yield* kv.listen(`${run}.*`, (listener) =>
+        Effect.gen(function* () {
+          // The key's one write falls out of the kept writes: only a read can find it.
+          yield* kv.put(`${run}.1`, { n: 1, by: "early" })
+          yield* Effect.forEach(
+            Array.from({ length: 300 }, (_, i) => i + 2),
+            (i) => kv.put(`${run}.${i}`, { n: i, by: "filler" }),
+            { concurrency: 16 },
+          )
+          expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+            Option.some({ n: 1, by: "early" }),
+          )
+        }),
       )
       expect(yield* reads()).toBe(1)
     }),
   )
 
-  it.effect("listen: its subscription ends with its scope", () =>
+  it.effect("listen: its subscription ends with its use, however that ends", () =>
     Effect.gen(function* () {
       const kv = yield* actors
       const { connection } = yield* Nats
       const before = subscriptions(connection)
-      yield* Effect.scoped(
-        Effect.gen(function* () {
-          yield* kv.listen(`${uniqueName("r")}.*`)
-          expect(subscriptions(connection)).toBe(before + 1)
-        }),
+      const during = yield* kv.listen(`${uniqueName("r")}.*`, () =>
+        Effect.sync(() => subscriptions(connection)),
       )
+      expect(during).toBe(before + 1)
+      expect(subscriptions(connection)).toBe(before)
+      const failed = yield* kv
+        .listen(`${uniqueName("r")}.*`, () => Effect.fail("used" as const))
+        .pipe(Effect.flip)
+      expect(failed).toBe("used")
+      expect(subscriptions(connection)).toBe(before)
+      const started = yield* Deferred.make<void>()
+      const using = yield* Effect.fork(
+        kv.listen(`${uniqueName("r")}.*`, () =>
+          Effect.zipRight(Deferred.succeed(started, undefined), Effect.never),
+        ),
+      )
+      yield* Deferred.await(started)
+      expect(subscriptions(connection)).toBe(before + 1)
+      yield* Fiber.interrupt(using)
       expect(subscriptions(connection)).toBe(before)
     }),
   )

@@ -31,6 +31,52 @@ layer(layerAll())("Requests (shared inbox)", (it) => {
     }),
   )
 
+  it.effect("send publishes when run; its replies are awaited later, in any order, even once come", () =>
+    Effect.gen(function* () {
+      const { connection, requests } = yield* Nats
+      const subject = uniqueName("echo")
+      const heard: Array<string> = []
+      const sub = connection.subscribe(subject, {
+        callback: (_e, m) => {
+          heard.push(text(m.data))
+          m.respond(`re:${text(m.data)}`)
+        },
+      })
+      yield* Effect.promise(() => connection.flush())
+      const first = yield* requests.send("echo", subject, "1", undefined, 5_000)
+      const second = yield* requests.send("echo", subject, "2", undefined, 5_000)
+      // Both went out before either was awaited; the second's reply is taken first.
+      yield* Effect.promise(() => connection.flush())
+      yield* Effect.yieldNow().pipe(Effect.repeat({ until: () => heard.length === 2 }))
+      expect(heard).toEqual(["1", "2"])
+      expect(text((yield* second).data)).toBe("re:2")
+      expect(text((yield* first).data)).toBe("re:1")
+      sub.unsubscribe()
+    }),
+  )
+
+  it.effect("send: no listener, silence and a closed connection are NatsErrors", () =>
+    Effect.gen(function* () {
+      const { connection, requests } = yield* Nats
+      const nobody = yield* Effect.flatten(
+        requests.send("send nobody", uniqueName("nobody"), "x", undefined, 5_000),
+      ).pipe(Effect.flip)
+      expect(nobody).toMatchObject({ _tag: "NatsError", operation: "send nobody", message: "no responders" })
+      const subject = uniqueName("silent")
+      const sub = connection.subscribe(subject, { callback: () => {} })
+      yield* Effect.promise(() => connection.flush())
+      const silent = yield* Effect.flatten(requests.send("send silent", subject, "x", undefined, 300)).pipe(
+        Effect.flip,
+      )
+      expect(silent).toMatchObject({ _tag: "NatsError", operation: "send silent", message: "timed out" })
+      sub.unsubscribe()
+      const own = make(connection)
+      own.close()
+      const closed = yield* own.send("send closed", subject, "x", undefined, 5_000).pipe(Effect.flip)
+      expect(closed).toMatchObject({ _tag: "NatsError", message: "connection closed" })
+    }),
+  )
+
   it.effect("no listener is a NatsError at once; silence is a NatsError at the deadline", () =>
     Effect.gen(function* () {
       const { connection, requests } = yield* Nats

@@ -27,6 +27,18 @@ export interface Requests {
     timeoutMs: number,
   ) => Effect.Effect<Msg, NatsError>
   /**
+   * As `request`, in two steps: running the outer effect publishes at once, and the inner one waits
+   * for the reply (it may have come already). Several requests sent before any is awaited leave in
+   * one socket write, with no fiber each. A reply never awaited is forgotten at its deadline.
+   */
+  readonly send: (
+    operation: string,
+    subject: string,
+    data: Uint8Array | string,
+    headers: MsgHdrs | undefined,
+    timeoutMs: number,
+  ) => Effect.Effect<Effect.Effect<Msg, NatsError>, NatsError>
+  /**
    * A fresh reply address under the shared inbox, for answers that come from elsewhere (an actor
    * answering a question that travelled through its mailbox), listening from the moment it is made.
    * `reply` waits for the first message sent to it (kept if it came before anyone waited), failing
@@ -153,21 +165,32 @@ export const make = (connection: NatsConnection): Requests => {
       })
     })
 
-  const inbox: Requests["inbox"] = (operation, timeoutMs) => {
+  // A reply address whose answer may come before anyone waits for it: kept until then.
+  const awaitable = <E>(
+    operation: string,
+    timeoutMs: number,
+    timedOut: () => E,
+    store: boolean,
+  ): {
+    readonly subject: string
+    readonly reply: Effect.Effect<Msg, NatsError | E>
+    readonly release: () => void
+  } => {
     const token = (next++).toString(36)
-    // The answer may come before anyone waits for it: keep it until then.
-    let arrived: Effect.Effect<Msg, NatsError | ReplyTimeout> | undefined
-    let waiter: ((effect: Effect.Effect<Msg, NatsError | ReplyTimeout>) => void) | undefined
+    let arrived: Effect.Effect<Msg, NatsError | E> | undefined
+    let waiter: ((effect: Effect.Effect<Msg, NatsError | E>) => void) | undefined
     pending.set(token, {
       operation,
       deadline: Date.now() + timeoutMs,
-      timedOut: () => new ReplyTimeout({ timeoutMs }),
+      timedOut: timedOut as Pending["timedOut"],
+      ...(store ? { store } : {}),
       resume: (effect) => {
-        if (waiter !== undefined) waiter(effect)
-        else arrived = effect
+        const answer = effect as Effect.Effect<Msg, NatsError | E>
+        if (waiter !== undefined) waiter(answer)
+        else arrived = answer
       },
     })
-    const reply = Effect.async<Msg, NatsError | ReplyTimeout>((resume) => {
+    const reply = Effect.async<Msg, NatsError | E>((resume) => {
       if (arrived !== undefined) return resume(arrived)
       if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
       waiter = resume
@@ -177,6 +200,28 @@ export const make = (connection: NatsConnection): Requests => {
     })
     return { subject: prefix + token, reply, release: () => pending.delete(token) }
   }
+
+  const send: Requests["send"] = (operation, subject, data, headers, timeoutMs) =>
+    Effect.suspend(() => {
+      if (closed) return Effect.fail(new NatsError({ operation, message: "connection closed" }))
+      const address = awaitable(
+        operation,
+        timeoutMs,
+        () => new NatsError({ operation, message: "timed out" }),
+        headers !== undefined || subject.startsWith("$JS."),
+      )
+      try {
+        connection.publish(subject, data, { reply: address.subject, ...(headers ? { headers } : {}) })
+      } catch (cause) {
+        address.release()
+        const message = cause instanceof Error ? cause.message : String(cause)
+        return Effect.fail(new NatsError({ operation, message, cause }))
+      }
+      return Effect.succeed(address.reply)
+    })
+
+  const inbox: Requests["inbox"] = (operation, timeoutMs) =>
+    awaitable(operation, timeoutMs, () => new ReplyTimeout({ timeoutMs }), false)
 
   const close = () => {
     closed = true
@@ -191,5 +236,5 @@ export const make = (connection: NatsConnection): Requests => {
 
   const responsive = () => !(lastTimeout > lastAnswer && Date.now() - lastTimeout < UNRESPONSIVE_MS)
 
-  return { request, inbox, responsive, lastTimeout: () => lastTimeout, close }
+  return { request, send, inbox, responsive, lastTimeout: () => lastTimeout, close }
 }

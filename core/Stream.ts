@@ -88,6 +88,21 @@ export const publishVia = (
     ackOf(operation, reply),
   )
 
+/**
+ * As `publishVia`, in two steps (`Requests.send`): running it publishes, and the effect it gives
+ * waits for the acknowledgement, so several publishes can leave in one write before any is awaited.
+ */
+export const sendVia = (
+  requests: Requests,
+  operation: string,
+  subject: string,
+  data: Uint8Array | string,
+  headers: MsgHdrs,
+): Effect.Effect<Effect.Effect<PublishAck, NatsError>, NatsError> =>
+  Effect.map(requests.send(operation, subject, data, headers, PUBLISH_TIMEOUT_MS), (reply) =>
+    Effect.flatMap(reply, (msg) => ackOf(operation, msg)),
+  )
+
 /** Publishes `data` to `subject` and waits for the stream's acknowledgement (idempotent by `msgId`). */
 export const publish = (
   subject: string,

@@ -48,6 +48,7 @@ import { Effect, Either, Option } from "effect"
 import type { AccountRecord } from "../../core/Accounts.ts"
 import { AccountRecord as AccountRecordSchema, computeRate } from "../../core/Accounts.ts"
 import * as State from "../../core/actors/State.ts"
+import { both } from "../../core/Concurrent.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
 import { Nats, type NatsError } from "../../core/Nats.ts"
@@ -477,7 +478,7 @@ export const make = (deps: RunDeps) => {
           const created = queuedRun(m, ctx.seq)
           ctx.schedule(timers.queue, Date.parse(m.created_at) + queueTimeoutMs, { _tag: "QueueTimeout" })
           // Two keys of their own, each write idempotent: side by side (a run's start waits on them).
-          yield* Effect.all([project(created), noteLast(created)], { concurrency: 2, discard: true })
+          yield* both(project(created), noteLast(created))
           yield* Effect.logInfo("run queued").pipe(Effect.annotateLogs({ run: m.id, account: m.account }))
           return {
             state: { ...s, run: created, rate_usd_nanos_per_gib_hour: computeRate },
@@ -531,6 +532,8 @@ export const make = (deps: RunDeps) => {
                 ),
               )
             return {
+              key,
+              record,
               existing,
               created: kv.create(key, record).pipe(
                 Effect.as(record),
@@ -557,28 +560,35 @@ export const make = (deps: RunDeps) => {
           // written at once, saving the claim's round trip on the way to the host agent.
           if (m.fresh === true && !ended) {
             const sequence = s.next_sequence
-            const [, stored] = yield* Effect.all(
-              [
-                index.create(indexKey, { sequence }).pipe(
-                  Effect.catchTag("StateConflict", () =>
-                    Effect.flatMap(index.get(indexKey), (found) =>
-                      Option.isSome(found) && found.value.value.sequence !== sequence
-                        ? Effect.logError("a fresh command id was claimed at another sequence").pipe(
-                            Effect.annotateLogs({
-                              run: run.id,
-                              command: m.id,
-                              claimed: found.value.value.sequence,
-                              sequence,
-                            }),
-                          )
-                        : Effect.void,
-                    ),
-                  ),
-                  Effect.mapError(fails("claiming the command's sequence")),
+            // Both sent before either is awaited: one socket write, and no fiber each.
+            const claiming = yield* index
+              .creating(indexKey, { sequence })
+              .pipe(Effect.mapError(fails("claiming the command's sequence")))
+            const at = recordAt(sequence)
+            const writing = yield* kv
+              .creating(at.key, at.record)
+              .pipe(Effect.mapError(fails("writing the command")))
+            yield* claiming.pipe(
+              Effect.catchTag("StateConflict", () =>
+                Effect.flatMap(index.get(indexKey), (found) =>
+                  Option.isSome(found) && found.value.value.sequence !== sequence
+                    ? Effect.logError("a fresh command id was claimed at another sequence").pipe(
+                        Effect.annotateLogs({
+                          run: run.id,
+                          command: m.id,
+                          claimed: found.value.value.sequence,
+                          sequence,
+                        }),
+                      )
+                    : Effect.void,
                 ),
-                recordAt(sequence).created.pipe(Effect.mapError(fails("writing the command"))),
-              ],
-              { concurrency: 2 },
+              ),
+              Effect.mapError(fails("claiming the command's sequence")),
+            )
+            const stored = yield* writing.pipe(
+              Effect.as(at.record),
+              Effect.catchTag("StateConflict", () => at.existing),
+              Effect.mapError(fails("writing the command")),
             )
             return yield* added(stored)
           }

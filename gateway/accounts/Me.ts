@@ -4,6 +4,7 @@
  */
 import { Effect, Option, Schema } from "effect"
 import { Accounts } from "../../core/Accounts.ts"
+import { both } from "../../core/Concurrent.ts"
 import type { Me } from "../../schema/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { AccountId } from "../../schema/Ids.ts"
@@ -21,9 +22,9 @@ export const routes = [
     handler: ({ principal }) =>
       Effect.gen(function* () {
         const accounts = yield* Accounts
-        const [memberships, invites] = yield* Effect.all(
-          [accounts.memberships(principal.user), accounts.invitesFor(principal.email)],
-          { concurrency: 2 },
+        const [memberships, invites] = yield* both(
+          accounts.memberships(principal.user),
+          accounts.invitesFor(principal.email),
         )
         const listed = yield* Effect.forEach(
           memberships,

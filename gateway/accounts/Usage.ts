@@ -4,6 +4,7 @@
  */
 import { Effect } from "effect"
 import * as Client from "../../core/actors/AccountClient.ts"
+import { both } from "../../core/Concurrent.ts"
 import * as Ledger from "../../core/Ledger.ts"
 import type { Balance } from "../../schema/Account.ts"
 import type { BalanceReply } from "../../schema/actors/Account.ts"
@@ -37,9 +38,7 @@ export const routes = [
       Effect.gen(function* () {
         const account = principal.account.id
         const since = Date.now() - usageWindowMs
-        const [balance, entries] = yield* Effect.all([balanceOf(account), Ledger.read(account, since)], {
-          concurrency: 2,
-        })
+        const [balance, entries] = yield* both(balanceOf(account), Ledger.read(account, since))
         return json({ balance, entries })
       }),
   }),

@@ -14,7 +14,7 @@
  *   of a run with a KV watch from revision N+1. Callers bound waits with a timeout; interrupting
  *   one (the client went away) unsubscribes.
  */
-import { Effect, Option, Schema, type Scope, Stream } from "effect"
+import { Effect, Option, Schema, Stream } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import { changesAfter, type KvChangesRead } from "../../core/KvChanges.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
@@ -96,14 +96,15 @@ export const awaitEnded = (
   })
 
 /**
- * Listens to the writes of the run's records from now on, until the scope closes: made before a
- * command is asked for, its record's writes all come to `endedOrLatest`, which then need not read
- * it (`POST …/commands?wait=`).
+ * Listens to the writes of the run's records from now on, while `use` runs: made before a command
+ * is asked for, its record's writes all come to `endedOrLatest`, which then need not read it
+ * (`POST …/commands?wait=`).
  */
-export const listen = (
+export const listen = <B, E, R>(
   run: string,
-): Effect.Effect<RecordsListener, NatsError, Nats | Storage | Scope.Scope> =>
-  Effect.flatMap(commands, (kv) => kv.listen(kvKeys.commandsOf(run)))
+  use: (listener: RecordsListener) => Effect.Effect<B, E, R>,
+): Effect.Effect<B, Fails | E, Nats | Storage | R> =>
+  Effect.flatMap(commands, (kv) => kv.listen(kvKeys.commandsOf(run), use))
 
 export type RecordsListener = Kv.KvListener<CommandRecord>
 

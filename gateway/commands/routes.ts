@@ -166,9 +166,7 @@ export const routes = [
               )
               return { command: Option.getOrElse(record, () => created) }
             })
-          const reply = yield* wait === 0
-            ? add(undefined)
-            : Effect.scoped(Effect.flatMap(Records.listen(run.id), add))
+          const reply = yield* wait === 0 ? add(undefined) : Records.listen(run.id, add)
           if ("command" in reply) return json(reply.command, { status: 201 })
           if ("ended" in reply) return yield* Effect.fail(ApiError.runEnded())
           return yield* Effect.fail(ApiError.notFound("run"))

@@ -30,6 +30,7 @@ import { Clock, Effect, Option, Schema } from "effect"
 import { Accounts } from "../../core/Accounts.ts"
 import { webhookKey } from "../../core/actors/AccountClient.ts"
 import { Mailbox } from "../../core/actors/Mailbox.ts"
+import { both } from "../../core/Concurrent.ts"
 import { Functions } from "../../core/Functions.ts"
 import type { Nats } from "../../core/Nats.ts"
 import { Providers } from "../../core/Providers.ts"
@@ -98,7 +99,7 @@ export const startRoute = documented(
         // Both read at once (the start waits on them); refused below in the order above.
         const readAccount = orInternal((yield* Accounts).account(principal.account.id), "account read")
         const readFunction = orInternal(functions.get(principal.account.id, params.id), "function read")
-        const [fresh, fn] = yield* Effect.all([readAccount, readFunction], { concurrency: 2 })
+        const [fresh, fn] = yield* both(readAccount, readFunction)
         const account = Option.getOrElse(fresh, () => principal.account)
         // The auth step refused it if its cache knew; a suspension just written is caught here.
         if (account.state === "suspended") return yield* Effect.fail(ApiError.suspended())

@@ -36,6 +36,7 @@ import type { Scope } from "effect"
 import { Clock, Context, Effect, Either, Layer, Option, Schedule, Schema, Stream } from "effect"
 import * as Mailbox from "../../core/actors/Mailbox.ts"
 import { ActorSettings } from "../../core/actors/Settings.ts"
+import { both } from "../../core/Concurrent.ts"
 import * as Consumer from "../../core/Consumer.ts"
 import * as Kv from "../../core/Kv.ts"
 import type { NatsError } from "../../core/Nats.ts"
@@ -325,7 +326,7 @@ export const make: Effect.Effect<HostActorService, NatsError, Scope.Scope | Host
             { msgId: `${run.id}:placed` },
           ),
         ] as const
-        yield* Effect.all(sends, { concurrency: 2, discard: true })
+        yield* both(...sends)
         const machine = yield* RunMachine.start(run)
         held.set(run.id, machine)
         placing.delete(run.id)

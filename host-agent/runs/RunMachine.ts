@@ -52,6 +52,7 @@ import {
   Scope as ScopeOps,
 } from "effect"
 import * as Mailbox from "../../core/actors/Mailbox.ts"
+import { both } from "../../core/Concurrent.ts"
 import { Functions } from "../../core/Functions.ts"
 import { derivedId } from "../../core/Ids.ts"
 import * as Kv from "../../core/Kv.ts"
@@ -551,7 +552,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           ),
         )
         const openFiles = ObjectStore.make(names.objects.files.name).pipe(whileStoreAway)
-        const [version, files] = yield* Effect.all([readVersion, openFiles], { concurrency: 2 })
+        const [version, files] = yield* both(readVersion, openFiles)
         // The machine goes when the life's scope closes, made here or adopted. `made` is set inside
         // the acquisition (which is not interrupted once begun) once the machine is there, so an
         // interruption before it, or a create that failed, leaves the claim to its own finalizer.
@@ -752,7 +753,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           ),
         )
         const openOutputs = ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
-        const [, outputs] = yield* Effect.all([sendReady, openOutputs], { concurrency: 2 })
+        const [, outputs] = yield* both(sendReady, openOutputs)
         if (kept === undefined) yield* log.append("ready")
 
         // Commands.
