@@ -4,7 +4,7 @@
  */
 import { Duration, Effect } from "effect"
 import { attemptSync, Nats, type NatsError } from "./Nats.ts"
-import { ReplyTimeout } from "./Requests.ts"
+import { ReplyTimeout, type Requests } from "./Requests.ts"
 
 export { ReplyTimeout }
 
@@ -19,7 +19,15 @@ export const request = <E, R>(
   send: (inbox: string) => Effect.Effect<void, E, R>,
   timeout: Duration.DurationInput,
 ): Effect.Effect<Uint8Array, E | ReplyTimeout | NatsError, Nats | R> =>
-  Effect.flatMap(Nats, ({ requests }) => {
+  Effect.flatMap(Nats, ({ requests }) => requestVia(requests, send, timeout))
+
+/** `request` on the given connection's requests (a service that holds its connection provides nothing per ask). */
+export const requestVia = <E, R>(
+  requests: Requests,
+  send: (inbox: string) => Effect.Effect<void, E, R>,
+  timeout: Duration.DurationInput,
+): Effect.Effect<Uint8Array, E | ReplyTimeout | NatsError, R> =>
+  Effect.suspend(() => {
     const inbox = requests.inbox("reply", Duration.toMillis(Duration.decode(timeout)))
     return send(inbox.subject).pipe(
       Effect.zipRight(inbox.reply),
