@@ -112,23 +112,28 @@ export const execute = (
     yield* decodeArguments(record)
     switch (record.kind) {
       case "bash":
-        return yield* Effect.scoped(
-          Effect.gen(function* () {
-            const sink = yield* OutputSink.make(context.account, record.run, record.id, context.sink)
+        return yield* Effect.acquireUseRelease(
+          OutputSink.open(context.account, record.run, record.id, context.sink),
+          (sink) => {
             // The done marker is written however the command ends, cancelled included.
             const args =
               context.env === undefined
                 ? record.arguments
                 : { ...record.arguments, env: { ...context.env, ...record.arguments.env } }
-            return yield* guest.bash(args, sink.write).pipe(
+            return guest.bash(args, sink.write).pipe(
               Effect.onExit(() =>
                 sink.finish.pipe(
-                  Effect.tapError((e) => Effect.logWarning("command output not fully stored", e)),
+                  Effect.tapError((e) =>
+                    Effect.logWarning("command output not fully stored", e).pipe(
+                      Effect.annotateLogs({ run: record.run, command: record.id, kind: record.kind }),
+                    ),
+                  ),
                   Effect.ignore,
                 ),
               ),
             )
-          }),
+          },
+          (sink) => sink.close,
         )
       case "read":
         return yield* file(guest.read(record.arguments))
@@ -169,6 +174,5 @@ export const execute = (
     Effect.catchAll((e) =>
       e instanceof HandledElsewhere ? Effect.fail(e) : Effect.succeed<Outcome>(failed(e)),
     ),
-    Effect.annotateLogs({ run: record.run, command: record.id, kind: record.kind }),
   )
 }

@@ -20,7 +20,7 @@
  * Reading it back (`readOutput`) lives in `core/CommandOutput.ts`, shared with the gateway, and is
  * re-exported here.
  */
-import { Deferred, Effect, Exit, Fiber, FiberId, Queue, Runtime, Schedule, Scope } from "effect"
+import { Deferred, Effect, Exit, Fiber, FiberId, Queue, Runtime, Schedule, type Scope } from "effect"
 import { outputHeaders, outputObject } from "../../core/CommandOutput.ts"
 import type { KeyringError } from "../../core/Keyring.ts"
 import type { Nats, NatsError } from "../../core/Nats.ts"
@@ -59,6 +59,8 @@ export interface OutputSink {
   readonly marked: Effect.Effect<void, NatsError>
   /** The totals so far. */
   readonly totals: () => OutputTotals
+  /** Stops the timer and the publisher: before `finish`, what was not yet published is dropped (no done marker). */
+  readonly close: Effect.Effect<void>
 }
 
 /** Tuning of a sink (tests use smaller values). */
@@ -123,19 +125,24 @@ interface Publishing {
  * A sink for command `cmd` of run `run` of `account`. Chunks are published in order by one fiber,
  * started by the first chunk. Most commands print little or nothing, and one sink is made per
  * command on its way to the machine: one with no output makes no queue, no fiber and publishes
- * nothing (what that costs was measured on the command round trip, `bench/runs.ts`). Closing the
- * scope before `finish` drops what was not yet published (no done marker).
+ * nothing (what that costs was measured on the command round trip, `bench/runs.ts`). Closing it
+ * (`close`) before `finish` drops what was not yet published (no done marker). Not scoped: a scope
+ * made and closed per command cost about 50 fiber steps on the round trip (`make` is the scoped form).
  */
-export const make = (
+export const open = (
   account: string,
   run: string,
   cmd: string,
   options: SinkOptions = {},
-): Effect.Effect<OutputSink, KeyringError, Nats | Storage | SealStream | Scope.Scope> =>
+): Effect.Effect<OutputSink, KeyringError, Nats | Storage | SealStream> =>
   Effect.gen(function* () {
     const { names } = yield* Storage
     const pieces = yield* Effect.flatMap(SealStream, (seal) => seal.pieces(account, outputObject(run, cmd)))
     const runtime = yield* Effect.runtime<Nats>()
+    // Interruptible whatever the opener's region was: a sink opened as a resource (`acquireUseRelease`,
+    // which acquires uninterruptibly) would otherwise get a publisher `close` could never stop.
+    const fork = <A, E>(effect: Effect.Effect<A, E, Nats>) =>
+      Runtime.runFork(runtime)(Effect.interruptible(effect))
     const subject = names.subjects.output(run, cmd)
     const keep = options.keepBytes ?? KEEP_BYTES
     const flushBytes = options.flushBytes ?? FLUSH_BYTES
@@ -163,7 +170,11 @@ export const make = (
       publishDone(subject, cmd, totals).pipe(
         Effect.retry(retryPolicy),
         Effect.asVoid,
-        Effect.tapError((e) => Effect.logWarning("command output marker not stored", e)),
+        Effect.tapError((e) =>
+          Effect.logWarning("command output marker not stored", e).pipe(
+            Effect.annotateLogs({ run, command: cmd }),
+          ),
+        ),
         Effect.exit,
         Effect.flatMap((exit) => Effect.sync(() => settleMarked(exit))),
       )
@@ -196,7 +207,7 @@ export const make = (
         ),
         Effect.asVoid,
       )
-      publishing = { queue, ended, fiber: Runtime.runFork(runtime)(publishAll) }
+      publishing = { queue, ended, fiber: fork(publishAll) }
       return publishing
     }
 
@@ -217,31 +228,10 @@ export const make = (
       pending = []
       pendingBytes = 0
     }
-    // Closing the scope stops the timer and the publisher; hooked at the first write, so a command
-    // that prints nothing adds nothing to its scope (a finalizer per command was measurable on the
-    // round trip). A write comes before `finish`, which comes before the scope closes.
-    const scope = yield* Effect.scope
-    let hooked = false
-    const hook = () => {
-      if (hooked) return
-      hooked = true
-      Effect.runSync(
-        Scope.addFinalizer(
-          scope,
-          Effect.suspend(() => {
-            if (timer !== undefined) clearTimeout(timer)
-            // Once finishing, the publisher ends by itself with the marker.
-            return publishing === undefined || finishing ? Effect.void : Fiber.interrupt(publishing.fiber)
-          }),
-        ),
-      )
-    }
-
     const write = (chunk: Uint8Array) => {
       outputBytes += chunk.length
       const room = keep - accepted
       if (room <= 0 || finishing) return
-      hook()
       // A copy: the caller may reuse its buffer.
       const piece = Uint8Array.prototype.slice.call(chunk, 0, Math.min(room, chunk.length))
       pending.push(piece)
@@ -267,7 +257,7 @@ export const make = (
         // Nothing written, nothing to mark; bytes written past what is kept still get a marker
         // with their count.
         if (done.output_bytes === 0) settleMarked(Exit.void)
-        else Runtime.runFork(runtime)(publishMarker(done))
+        else fork(publishMarker(done))
         finished = Effect.succeed(done)
       }
       return finished
@@ -279,8 +269,23 @@ export const make = (
       return Deferred.await(marked)
     })
 
-    return { write, finish, marked: markedDone, totals } satisfies OutputSink
+    const close = Effect.suspend(() => {
+      if (timer !== undefined) clearTimeout(timer)
+      // Once finishing, the publisher ends by itself with the marker.
+      return publishing === undefined || finishing ? Effect.void : Fiber.interrupt(publishing.fiber)
+    })
+
+    return { write, finish, marked: markedDone, totals, close } satisfies OutputSink
   })
+
+/** `open`, closed with the scope. */
+export const make = (
+  account: string,
+  run: string,
+  cmd: string,
+  options: SinkOptions = {},
+): Effect.Effect<OutputSink, KeyringError, Nats | Storage | SealStream | Scope.Scope> =>
+  Effect.acquireRelease(open(account, run, cmd, options), (sink) => sink.close)
 
 // ---------------------------------------------------------------------------------------------
 // Reading: in core, so the gateway reads output without importing the host agent.
