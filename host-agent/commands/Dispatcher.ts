@@ -65,7 +65,6 @@ export const make = (
   Effect.gen(function* () {
     const scope = yield* Effect.scope
     const services = yield* Effect.context<Nats | Storage | SealStream>()
-    const lock = yield* Effect.makeSemaphore(1)
     const byId = new Map<string, Entry>()
     const waiting = new Map<number, Entry>()
     const skipped = new Set<number>()
@@ -90,30 +89,58 @@ export const make = (
         Effect.provide(services),
       )
 
-    // Starts every command whose turn has come, in sequence order; one pass at a time.
-    const advance = lock.withPermits(1)(
-      Effect.gen(function* () {
-        for (;;) {
-          if (skipped.delete(next)) {
-            const turn = turns.get(next)
-            if (turn) {
-              turns.delete(next)
-              yield* Deferred.succeed(turn, undefined)
-            }
-            next++
-            continue
+    // Starts every command whose turn has come, in sequence order. One pass at a time, and not cut
+    // midway (a command taken off the queue is always started). No lock: nothing in a pass waits, so
+    // a fiber that finds one going (it can only have yielded its turn) asks it for another round
+    // instead of waiting for it (a semaphore cost every command about 30 fiber steps).
+    let passing = false
+    let again = false
+    const pass = Effect.gen(function* () {
+      for (;;) {
+        if (skipped.delete(next)) {
+          const turn = turns.get(next)
+          if (turn) {
+            turns.delete(next)
+            yield* Deferred.succeed(turn, undefined)
           }
-          const entry = waiting.get(next)
-          if (!entry) return
-          waiting.delete(next)
           next++
-          if (entry.cancelled) continue
-          yield* Deferred.succeed(entry.started, undefined)
-          if (options.onStart) yield* options.onStart(entry.record)
-          entry.fiber = yield* Effect.forkIn(runEntry(entry), scope)
+          continue
         }
-      }),
-    )
+        const entry = waiting.get(next)
+        if (!entry) return
+        waiting.delete(next)
+        next++
+        if (entry.cancelled) continue
+        yield* Deferred.succeed(entry.started, undefined)
+        if (options.onStart) yield* options.onStart(entry.record)
+        // Cancelled while this pass had yielded its turn: it ended as cancelled, and does not run.
+        if (entry.cancelled) continue
+        // Forked from an uninterruptible pass: made interruptible, or nothing could cancel it.
+        entry.fiber = yield* Effect.forkIn(Effect.interruptible(runEntry(entry)), scope)
+      }
+    })
+    const rounds: Effect.Effect<void> = Effect.suspend(() => {
+      again = false
+      return Effect.zipRight(
+        pass,
+        Effect.suspend(() => (again ? rounds : Effect.void)),
+      )
+    })
+    const advance = Effect.suspend(() => {
+      if (passing) {
+        again = true
+        return Effect.void
+      }
+      passing = true
+      return Effect.uninterruptible(
+        Effect.ensuring(
+          rounds,
+          Effect.sync(() => {
+            passing = false
+          }),
+        ),
+      )
+    })
 
     const submit: Dispatcher["submit"] = (record) =>
       Effect.gen(function* () {

@@ -1,4 +1,4 @@
-import { Deferred, Effect, Exit, Schedule, Schema, Stream } from "effect"
+import { Deferred, Effect, Exit, Fiber, Schedule, Schema, Stream } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { makeId } from "../../core/Ids.ts"
 import type { ObjectStore } from "../../core/ObjectStore.ts"
@@ -234,6 +234,54 @@ describe("Dispatcher", () => {
     })
     expect(outcomes.second).toMatchObject({ state: "succeeded", result: { output: "two\n" } })
     expect(outcomes.fourth).toMatchObject({ state: "succeeded", result: { output: "four\n" } })
+  })
+
+  it("commands submitted while a pass is starting others are started by that pass, in order; those cancelled meanwhile never run", async () => {
+    await sh("rm -f /tmp/ran301 /tmp/ran302")
+    const started: Array<number> = []
+    const outcomes = await runtime.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const inStart = yield* Deferred.make<void>()
+          const release = yield* Deferred.make<void>()
+          const d = yield* Dispatcher.make({
+            guest: t.guest,
+            context,
+            firstSequence: 301,
+            // The pass starting 301 waits here: the submits and cancels below come while it goes on.
+            onStart: (r) =>
+              Effect.zipRight(
+                Effect.sync(() => started.push(r.sequence)),
+                r.sequence === 301
+                  ? Effect.zipRight(Deferred.succeed(inStart, undefined), Deferred.await(release))
+                  : Effect.void,
+              ),
+          })
+          const r301 = record("bash", { command: "touch /tmp/ran301" }, 301)
+          const submitting = yield* Effect.fork(d.submit(r301))
+          yield* Deferred.await(inStart)
+          // Neither waits for the pass going on.
+          const second = yield* d.submit(record("bash", { command: "touch /tmp/ran302" }, 302))
+          const third = yield* d.submit(record("bash", { command: "echo three" }, 303))
+          // 301 is cancelled between its start being told and its run; 302 before its turn.
+          const cancels = [yield* d.cancel(r301.id), yield* d.cancel(second.record.id)]
+          yield* Deferred.succeed(release, undefined)
+          const first = yield* Fiber.join(submitting)
+          return {
+            cancels,
+            first: yield* Deferred.await(first.outcome),
+            second: yield* Deferred.await(second.outcome),
+            third: yield* Deferred.await(third.outcome),
+          }
+        }),
+      ),
+    )
+    expect(started).toEqual([301, 303])
+    expect(outcomes.cancels).toEqual([true, true])
+    expect(outcomes.first).toEqual({ state: "cancelled" })
+    expect(outcomes.second).toEqual({ state: "cancelled" })
+    expect(outcomes.third).toMatchObject({ state: "succeeded", result: { output: "three\n" } })
+    expect(await sh("ls /tmp/ran301 /tmp/ran302 2>/dev/null || echo absent")).toBe("absent\n")
   })
 
   it("cancel of a running process tree: `cancelled`, no process left, the output marked done", async () => {
