@@ -527,6 +527,56 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect(
+    "writesEach hands over stored writes from now on with their revisions, deletes as Deleted; skip passes over; it unsubscribes when interrupted",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        const { connection } = yield* Nats
+        const run = uniqueName("r")
+        const before = yield* kv.put(`${run}.0`, { n: 0, by: "before" })
+        const seen: Array<Kv.KvChange<typeof Counter.Type>> = []
+        const skipped: Array<string> = []
+        const got = yield* Deferred.make<void>()
+        const subs = subscriptions(connection)
+        const fiber = yield* Effect.fork(
+          kv.writesEach(
+            `${run}.*`,
+            {
+              skip: (key) => {
+                const skip = key.endsWith(".skip")
+                if (skip) skipped.push(key)
+                return skip
+              },
+            },
+            (change) =>
+              Effect.suspend(() => {
+                seen.push(change)
+                return seen.length === 4 ? Deferred.succeed(got, undefined) : Effect.void
+              }),
+          ),
+        )
+        yield* untilSubscribed(connection, subs)
+        const r1 = yield* kv.create(`${run}.1`, { n: 1, by: "a" })
+        // A refused compare-and-set is not stored, so it is not handed over.
+        yield* kv.update(`${run}.1`, { n: 9, by: "stale" }, before).pipe(Effect.flip)
+        const r2 = yield* kv.update(`${run}.1`, { n: 2, by: "b" }, r1)
+        yield* kv.put(`${run}.skip`, { n: 3, by: "skipped" })
+        const r3 = yield* kv.put(`${run}.2`, { n: 4, by: "c" })
+        yield* kv.delete(`${run}.2`)
+        yield* Deferred.await(got)
+        expect(seen.slice(0, 3)).toEqual([
+          { _tag: "Put", key: `${run}.1`, value: { n: 1, by: "a" }, revision: r1 },
+          { _tag: "Put", key: `${run}.1`, value: { n: 2, by: "b" }, revision: r2 },
+          { _tag: "Put", key: `${run}.2`, value: { n: 4, by: "c" }, revision: r3 },
+        ])
+        expect(seen[3]).toMatchObject({ _tag: "Deleted", key: `${run}.2` })
+        expect(skipped).toEqual([`${run}.skip`])
+        yield* Fiber.interrupt(fiber)
+        expect(subscriptions(connection)).toBe(subs)
+      }),
+  )
+
   it.effect("an interrupted awaitValue unsubscribes", () =>
     Effect.gen(function* () {
       const kv = yield* actors

@@ -116,6 +116,19 @@ export interface Kv<A> {
     f: (change: KvChange<A>) => Effect.Effect<void, E, R>,
   ) => Effect.Effect<void, NatsError | KvValueInvalid | E, R>
   /**
+   * The writes of keys matching `filter` from now on, as the stream stores them, handed to `f` in
+   * turn until interrupted: the stream's republished copies (a core subscription), which come with
+   * the write's acknowledgement, before a watch's consumer delivers the same change. Not complete:
+   * what is written while the connection is away is missed, and past 256 waiting for `f` the
+   * oldest are let go; a watcher that must see every change uses it beside `watchEach`, not
+   * instead. `skip` passes a write over before it is decoded.
+   */
+  readonly writesEach: <E, R>(
+    filter: string,
+    options: { readonly skip?: (key: string, revision: number) => boolean },
+    f: (change: KvChange<A>) => Effect.Effect<void, E, R>,
+  ) => Effect.Effect<never, NatsError | KvValueInvalid | E, R>
+  /**
    * The key's first value, current or to come, that `test` accepts; waits as long as it takes
    * (callers bound it). A core subscription on the key's republished writes (`republishedPrefix`)
    * is made before the current value is read, both on one connection, so no write is missed and
@@ -652,6 +665,50 @@ const build = <A, I>(
         }),
       )
 
+    const republished = republishedPrefix(bucket)
+    const writesEach: Kv<A>["writesEach"] = (filter, options, f) =>
+      Effect.acquireUseRelease(
+        Effect.sync(() => {
+          const queued: Array<Msg> = []
+          let wake: (() => void) | undefined
+          const sub = connection.subscribe(republished + filter, {
+            callback: (_error, msg) => {
+              if (queued.length >= WRITES_KEPT) queued.shift()
+              queued.push(msg)
+              wake?.()
+            },
+          })
+          const next = Effect.async<Msg>((resume) => {
+            const msg = queued.shift()
+            if (msg !== undefined) return resume(Effect.succeed(msg))
+            wake = () => {
+              wake = undefined
+              resume(Effect.succeed(queued.shift() as Msg))
+            }
+            return Effect.sync(() => {
+              wake = undefined
+            })
+          })
+          return { sub, next }
+        }),
+        ({ next }) =>
+          Effect.gen(function* () {
+            for (;;) {
+              const msg = yield* next
+              const key = msg.subject.slice(republished.length)
+              const revision = Number(msg.headers?.get("Nats-Sequence"))
+              if (options.skip?.(key, revision) === true) continue
+              const op = msg.headers?.get("KV-Operation")
+              yield* f(
+                op === "DEL" || op === "PURGE"
+                  ? { _tag: "Deleted", key, revision }
+                  : { _tag: "Put", key, value: yield* decode(key, msg.data), revision },
+              )
+            }
+          }),
+        ({ sub }) => Effect.sync(() => sub.unsubscribe()),
+      )
+
     const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
       Effect.map(openWatch(filter, options), (iterator) =>
         Stream.fromAsyncIterable(
@@ -746,6 +803,7 @@ const build = <A, I>(
       keys,
       watch,
       watchEach,
+      writesEach,
       watchScoped,
       awaitValue,
       awaitValueUpTo,
