@@ -17,7 +17,7 @@ import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Option, Scope } from "effect"
 import * as Mailbox from "../../core/actors/Mailbox.ts"
-import { ActorSettings } from "../../core/actors/Settings.ts"
+import { ActorSettings, type ActorSettingsShape } from "../../core/actors/Settings.ts"
 import * as State from "../../core/actors/State.ts"
 import { eventually, fast, startWorker } from "../../core/actors/testing/Harness.ts"
 import { makeId } from "../../core/Ids.ts"
@@ -134,13 +134,18 @@ const links = Links.fromKey(createSecretKey(randomBytes(32)), { base: "https://h
 type Env = Mailbox.Mailbox | Nats | Storage
 
 /** Runs `body` with a worker hosting the account and webhook actors (with `settings`) and a client. */
+// The harness's fast settings, with leases that outlast a loaded machine's pauses: these tests count
+// the requests a receiver got, and a lease lost under load (the CI's other fork running a cluster)
+// hands the partition over and sends an attempt again, as it should (webhooks are at least once).
+const settled: Partial<ActorSettingsShape> = { ...fast, leaseMs: 20_000, renewMs: 1_000 }
+
 const withWorker = <A, E>(settings: Partial<WebhookSettingsShape>, body: Effect.Effect<A, E, Env>) =>
   Effect.gen(function* () {
     const prefix = uniquePrefix()
     const scope = yield* Scope.make()
     const deps = Mailbox.layer.pipe(
       Layer.provideMerge(sealLayerMemory),
-      Layer.provideMerge(ActorSettings.layer(fast)),
+      Layer.provideMerge(ActorSettings.layer(settled)),
       Layer.provideMerge(storageLayerPrefix(prefix)),
       Layer.provideMerge(natsLayerUrl(server.url, "test-webhooks")),
     )
@@ -159,7 +164,7 @@ const withWorker = <A, E>(settings: Partial<WebhookSettingsShape>, body: Effect.
       ca: yield* WebhookActor.loadCa(full).pipe(Effect.orDie),
     })
     const account = AccountActor.make({ nats, storage, seal })
-    const worker = yield* startWorker(server.url, prefix, [account, webhook], fast)
+    const worker = yield* startWorker(server.url, prefix, [account, webhook], settled)
     return yield* body.pipe(
       Effect.provide(context),
       Effect.ensuring(worker.stop.pipe(Effect.zipRight(Scope.close(scope, Exit.void)))),
