@@ -121,7 +121,8 @@ export interface Kv<A> {
    * the write's acknowledgement, before a watch's consumer delivers the same change. Not complete:
    * what is written while the connection is away is missed, and past 256 waiting for `f` the
    * oldest are let go; a watcher that must see every change uses it beside `watchEach`, not
-   * instead. `skip` passes a write over before it is decoded.
+   * instead. `skip` passes a write over before it is decoded. Fails with `NatsError` when its
+   * subscription ends (the connection closed). The queue is `listen`'s (`republishedWrites`).
    */
   readonly writesEach: <E, R>(
     filter: string,
@@ -238,12 +239,15 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
   },
 })
 
-/** The stored writes of a subject filter, queued as they come until taken (`awaitValue`, `listen`). */
+/** The stored writes of a subject filter, queued as they come until taken (`awaitValue`, `listen`, `writesEach`). */
 interface RepublishedWrites {
   /** Whether a write of `key` has come (so its value is known from the writes alone). */
   readonly seen: (key: string) => boolean
-  /** The next write of `key` not yet taken, waiting up to `deadline` (epoch ms); undefined once past it. */
-  readonly next: (key: string, deadline: number) => Effect.Effect<Msg | undefined, NatsError>
+  /**
+   * The next write of `key` (of any key when undefined) not yet taken, waiting up to `deadline`
+   * (epoch ms); undefined once past it.
+   */
+  readonly next: (key: string | undefined, deadline: number) => Effect.Effect<Msg | undefined, NatsError>
   readonly close: () => void
 }
 
@@ -278,17 +282,17 @@ const republishedWrites = (
     ended = true
     wake?.()
   })
-  // The first queued write of `subject`; writes of other keys before it are let go.
-  const take = (subject: string): Msg | undefined => {
+  // The first queued write of `subject` (of any, when undefined); writes of other keys before it are let go.
+  const take = (subject: string | undefined): Msg | undefined => {
     while (queued.length > 0) {
       const msg = queued.shift() as Msg
-      if (msg.subject === subject) return msg
+      if (subject === undefined || msg.subject === subject) return msg
     }
     return undefined
   }
-  const next = (key: string, deadline: number) =>
+  const next = (key: string | undefined, deadline: number) =>
     Effect.async<Msg | undefined, NatsError>((resume) => {
-      const subject = prefix + key
+      const subject = key === undefined ? undefined : prefix + key
       const ready = () => {
         const msg = take(subject)
         if (msg !== undefined) resume(Effect.succeed(msg))
@@ -665,50 +669,6 @@ const build = <A, I>(
         }),
       )
 
-    const republished = republishedPrefix(bucket)
-    const writesEach: Kv<A>["writesEach"] = (filter, options, f) =>
-      Effect.acquireUseRelease(
-        Effect.sync(() => {
-          const queued: Array<Msg> = []
-          let wake: (() => void) | undefined
-          const sub = connection.subscribe(republished + filter, {
-            callback: (_error, msg) => {
-              if (queued.length >= WRITES_KEPT) queued.shift()
-              queued.push(msg)
-              wake?.()
-            },
-          })
-          const next = Effect.async<Msg>((resume) => {
-            const msg = queued.shift()
-            if (msg !== undefined) return resume(Effect.succeed(msg))
-            wake = () => {
-              wake = undefined
-              resume(Effect.succeed(queued.shift() as Msg))
-            }
-            return Effect.sync(() => {
-              wake = undefined
-            })
-          })
-          return { sub, next }
-        }),
-        ({ next }) =>
-          Effect.gen(function* () {
-            for (;;) {
-              const msg = yield* next
-              const key = msg.subject.slice(republished.length)
-              const revision = Number(msg.headers?.get("Nats-Sequence"))
-              if (options.skip?.(key, revision) === true) continue
-              const op = msg.headers?.get("KV-Operation")
-              yield* f(
-                op === "DEL" || op === "PURGE"
-                  ? { _tag: "Deleted", key, revision }
-                  : { _tag: "Put", key, value: yield* decode(key, msg.data), revision },
-              )
-            }
-          }),
-        ({ sub }) => Effect.sync(() => sub.unsubscribe()),
-      )
-
     const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
       Effect.map(openWatch(filter, options), (iterator) =>
         Stream.fromAsyncIterable(
@@ -724,13 +684,14 @@ const build = <A, I>(
 
     const watch: Kv<A>["watch"] = (filter, options) => Stream.unwrapScoped(watchScoped(filter, options))
 
+    const republished = republishedPrefix(bucket)
     // Stored writes only. No flush: the read goes out on the same connection after the
     // subscription, and the server handles one connection's messages in order, so a write
     // republished before it listens was stored before the read. One callback subscription and one
     // timer, no fibers: a long poll's wait is on the path of every command.
     const subscribeWrites = (filter: string): Either.Either<RepublishedWrites, NatsError> => {
       try {
-        return Either.right(republishedWrites(connection, republishedPrefix(bucket), filter, bucket))
+        return Either.right(republishedWrites(connection, republished, filter, bucket))
       } catch (cause) {
         const message = cause instanceof Error ? cause.message : String(cause)
         return Either.left(new NatsError({ operation: `kv.subscribe ${bucket}`, message, cause }))
@@ -784,6 +745,27 @@ const build = <A, I>(
           use({
             awaitValueUpTo: (key, test, timeoutMs) =>
               Effect.suspend(() => awaitIn(writes, key, test, deadlineOf(timeoutMs))),
+          }),
+        (writes) => Effect.sync(() => writes.close()),
+      )
+
+    const writesEach: Kv<A>["writesEach"] = (filter, options, f) =>
+      Effect.acquireUseRelease(
+        Effect.suspend(() => subscribeWrites(filter)),
+        (writes) =>
+          Effect.gen(function* () {
+            for (;;) {
+              const msg = (yield* writes.next(undefined, Number.POSITIVE_INFINITY)) as Msg
+              const key = msg.subject.slice(republished.length)
+              const revision = Number(msg.headers?.get("Nats-Sequence"))
+              if (options.skip?.(key, revision) === true) continue
+              const op = msg.headers?.get("KV-Operation")
+              yield* f(
+                op === "DEL" || op === "PURGE"
+                  ? { _tag: "Deleted", key, revision }
+                  : { _tag: "Put", key, value: yield* decode(key, msg.data), revision },
+              )
+            }
           }),
         (writes) => Effect.sync(() => writes.close()),
       )

@@ -140,6 +140,27 @@ export const make = (connection: NatsConnection): Requests => {
   }, SWEEP_MS)
   sweep.unref()
 
+  // Stream publishes carry headers (message id, expectations); API calls go to `$JS.`.
+  const isStore = (subject: string, headers: MsgHdrs | undefined) =>
+    headers !== undefined || subject.startsWith("$JS.")
+  // Publishes with `token`'s reply address; the failure, if the client refused it.
+  const publishAsking = (
+    operation: string,
+    subject: string,
+    data: Uint8Array | string,
+    headers: MsgHdrs | undefined,
+    token: string,
+  ): NatsError | undefined => {
+    try {
+      connection.publish(subject, data, { reply: prefix + token, ...(headers ? { headers } : {}) })
+      return undefined
+    } catch (cause) {
+      pending.delete(token)
+      const message = cause instanceof Error ? cause.message : String(cause)
+      return new NatsError({ operation, message, cause })
+    }
+  }
+
   const request: Requests["request"] = (operation, subject, data, headers, timeoutMs) =>
     Effect.async<Msg, NatsError>((resume) => {
       if (closed) return resume(Effect.fail(new NatsError({ operation, message: "connection closed" })))
@@ -148,18 +169,12 @@ export const make = (connection: NatsConnection): Requests => {
         operation,
         deadline: Date.now() + timeoutMs,
         timedOut: () => new NatsError({ operation, message: "timed out" }),
-        // Stream publishes carry headers (message id, expectations); API calls go to `$JS.`.
-        store: headers !== undefined || subject.startsWith("$JS."),
+        store: isStore(subject, headers),
         // Only `NatsError`s reach it: its own `timedOut`, "no responders", "connection closed".
         resume: resume as Pending["resume"],
       })
-      try {
-        connection.publish(subject, data, { reply: prefix + token, ...(headers ? { headers } : {}) })
-      } catch (cause) {
-        pending.delete(token)
-        const message = cause instanceof Error ? cause.message : String(cause)
-        return resume(Effect.fail(new NatsError({ operation, message, cause })))
-      }
+      const refused = publishAsking(operation, subject, data, headers, token)
+      if (refused !== undefined) return resume(Effect.fail(refused))
       return Effect.sync(() => {
         pending.delete(token)
       })
@@ -172,6 +187,7 @@ export const make = (connection: NatsConnection): Requests => {
     timedOut: () => E,
     store: boolean,
   ): {
+    readonly token: string
     readonly subject: string
     readonly reply: Effect.Effect<Msg, NatsError | E>
     readonly release: () => void
@@ -198,7 +214,7 @@ export const make = (connection: NatsConnection): Requests => {
         waiter = undefined
       })
     })
-    return { subject: prefix + token, reply, release: () => pending.delete(token) }
+    return { token, subject: prefix + token, reply, release: () => pending.delete(token) }
   }
 
   const send: Requests["send"] = (operation, subject, data, headers, timeoutMs) =>
@@ -208,16 +224,10 @@ export const make = (connection: NatsConnection): Requests => {
         operation,
         timeoutMs,
         () => new NatsError({ operation, message: "timed out" }),
-        headers !== undefined || subject.startsWith("$JS."),
+        isStore(subject, headers),
       )
-      try {
-        connection.publish(subject, data, { reply: address.subject, ...(headers ? { headers } : {}) })
-      } catch (cause) {
-        address.release()
-        const message = cause instanceof Error ? cause.message : String(cause)
-        return Effect.fail(new NatsError({ operation, message, cause }))
-      }
-      return Effect.succeed(address.reply)
+      const refused = publishAsking(operation, subject, data, headers, address.token)
+      return refused === undefined ? Effect.succeed(address.reply) : Effect.fail(refused)
     })
 
   const inbox: Requests["inbox"] = (operation, timeoutMs) =>
