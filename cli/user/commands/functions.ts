@@ -1,6 +1,7 @@
 /** `bases`, `functions` and `publish FILE`. */
 import { readFileSync } from "node:fs"
 import { extname } from "node:path"
+import { parse as parseYaml } from "yaml"
 import type { Command } from "../Command.ts"
 import { UsageError } from "../Failures.ts"
 import * as Print from "../Print.ts"
@@ -47,7 +48,7 @@ export const functions: Command = {
 }
 
 /** A definition file: JSON, or YAML (`.yaml`/`.yml`, or anything that is not JSON). */
-const readDefinition = async (file: string): Promise<Record<string, unknown>> => {
+const readDefinition = (file: string): Record<string, unknown> => {
   let text: string
   try {
     text = readFileSync(file, "utf8")
@@ -59,9 +60,10 @@ const readDefinition = async (file: string): Promise<Record<string, unknown>> =>
   try {
     if (ext === ".json") parsed = JSON.parse(text)
     else {
-      const YAML = await import("yaml")
-      // YAML is a superset of JSON: one parser reads both when the extension says neither.
-      parsed = YAML.parse(text, { prettyErrors: true, uniqueKeys: true })
+      // YAML is a superset of JSON: one parser reads both when the extension says neither. (A
+      // static import: the bundle, `cli/bin.js`, hands a dynamically imported CommonJS package
+      // over as its default export only.)
+      parsed = parseYaml(text, { prettyErrors: true, uniqueKeys: true })
     }
   } catch (e) {
     throw new UsageError(
@@ -77,7 +79,7 @@ export const publish: Command = {
   positionals: [1, 1],
   run: async ({ api, out, positionals }) => {
     const file = positionals[0] as string
-    const definition = await readDefinition(file)
+    const definition = readDefinition(file)
     const { name, ...rest } = definition
     if (typeof name !== "string" || name === "")
       throw new UsageError(`${file}: name is required (the function's name)`)
