@@ -2,7 +2,7 @@
 // processes), and its `import.meta.url` plugin (`cli/bundle.mjs`) on a fixture bundled as
 // `cli/bin.js` bundles the CLI: a module that finds its folder from its own URL.
 import { spawnSync } from "node:child_process"
-import { readFileSync, utimesSync } from "node:fs"
+import { readFileSync, statSync, utimesSync } from "node:fs"
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -59,6 +59,13 @@ describe("the CLI bundle", () => {
     const admin = hangar("admin")
     expect(admin).toMatchObject({ status: 2, bundle: first.bundle })
     expect(admin.stderr).toContain("usage:")
+    // Their first start wrote V8's code cache of their file; the next is served by it (a cache V8
+    // refused would be written again).
+    const cache = join(tools, "cli", first.bundle, "admin.cjs.v8")
+    const written = statSync(cache)
+    expect(written.size).toBeGreaterThan(0)
+    expect(hangar("admin")).toMatchObject({ status: 2, bundle: first.bundle })
+    expect(statSync(cache).mtimeMs).toBe(written.mtimeMs)
     // What it was made from: the CLI's sources, not the packages' files (the lock files stand for them).
     const inputs: Array<string> = JSON.parse(
       readFileSync(join(tools, "cli", first.bundle, "inputs.json"), "utf8"),

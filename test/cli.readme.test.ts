@@ -52,6 +52,9 @@ it("the README's first run works as written: publish, run with input, exec, fini
   const ran = await new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
     const child = spawn("bash", ["-euo", "pipefail", "-c", script], {
       cwd: dir,
+      // No stdin: on a socket (a pipe from node is one) bash takes itself for a remote shell and
+      // reads the system's bashrc, which need not hold under `-u`.
+      stdio: ["ignore", "pipe", "pipe"],
       env: {
         PATH: `${shims}:${process.env.PATH}`,
         HOME: dir,
