@@ -51,11 +51,11 @@ const startup = (label: string, args: ReadonlyArray<string>, status = 0) => {
 
 console.log(`start-up over ${runs} runs`)
 const bare = startup("node -e 0", ["-e", "0"])
-const version = startup("hangar version", [join(root, "cli", "bin.js"), "version"])
+const version = startup("hangar version", [join(root, "cli", "bin.cjs"), "version"])
 console.log(`hangar version over node: +${(version.p50 - bare.p50).toFixed(0)} ms at p50`)
 // The operator commands load effect and the NATS client (bundled in, no tsx): to their usage error,
 // which comes after every module is loaded and before any connection.
-const admin = startup("hangar admin (usage, exit 2)", [join(root, "cli", "bin.js"), "admin"], 2)
+const admin = startup("hangar admin (usage, exit 2)", [join(root, "cli", "bin.cjs"), "admin"], 2)
 console.log(`hangar admin over node: +${(admin.p50 - bare.p50).toFixed(0)} ms at p50`)
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 /**
- * `hangar admin …` as an operator runs it: real processes (`node cli/bin.js`), a real nats-server,
+ * `hangar admin …` as an operator runs it: real processes (`node cli/bin.cjs`), a real nats-server,
  * then a gateway accepting the token the command minted.
  */
 import { execFile } from "node:child_process"
@@ -14,7 +14,7 @@ import { type StartedNatsServer, startNatsServer } from "../test/harness/NatsSer
 import { uniquePrefix } from "../test/harness/names.ts"
 
 const run = promisify(execFile)
-const bin = join(import.meta.dirname, "bin.js")
+const bin = join(import.meta.dirname, "bin.cjs")
 
 let nats: StartedNatsServer
 let dir: string

@@ -1,5 +1,5 @@
 /**
- * `hangar admin hosts | drain | undrain` as an operator runs them (`node cli/bin.js`) against a
+ * `hangar admin hosts | drain | undrain` as an operator runs them (`node cli/bin.cjs`) against a
  * real nats-server and a worker hosting the scheduler; hosts are records in KV `hosts`.
  */
 import { execFile } from "node:child_process"
@@ -15,7 +15,7 @@ import { type StartedNatsServer, startNatsServer } from "../test/harness/NatsSer
 import { uniquePrefix } from "../test/harness/names.ts"
 
 const run = promisify(execFile)
-const bin = join(import.meta.dirname, "bin.js")
+const bin = join(import.meta.dirname, "bin.cjs")
 
 let nats: StartedNatsServer
 let worker: TestWorker

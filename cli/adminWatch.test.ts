@@ -1,5 +1,5 @@
 /**
- * `hangar admin watch` as an operator runs it (`node cli/bin.js`, stdout a pipe: JSON lines)
+ * `hangar admin watch` as an operator runs it (`node cli/bin.cjs`, stdout a pipe: JSON lines)
  * against a real nats-server: it prints the events of the account it follows, live, and ends after
  * `--count`; bad arguments exit 2 with nothing on stdout.
  */
@@ -15,7 +15,7 @@ import * as OperatorEvents from "../core/OperatorEvents.ts"
 import { type StartedNatsServer, startNatsServer } from "../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../test/harness/names.ts"
 
-const bin = join(import.meta.dirname, "bin.js")
+const bin = join(import.meta.dirname, "bin.cjs")
 let nats: StartedNatsServer
 let prefix: string
 let env: NodeJS.ProcessEnv

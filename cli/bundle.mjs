@@ -1,4 +1,4 @@
-// What `cli/bin.js` needs to bundle the CLI beyond esbuild itself, loaded only when it bundles.
+// What `cli/bin.cjs` needs to bundle the CLI beyond esbuild itself, loaded only when it bundles.
 import { readFileSync } from "node:fs"
 import { pathToFileURL } from "node:url"
 

@@ -1,8 +1,8 @@
-// The CLI bundle: `cli/bin.js` making, keeping and remaking it in a tools folder of its own (real
+// The CLI bundle: `cli/bin.cjs` making, keeping and remaking it in a tools folder of its own (real
 // processes), and its `import.meta.url` plugin (`cli/bundle.mjs`) on a fixture bundled as
-// `cli/bin.js` bundles the CLI: a module that finds its folder from its own URL.
+// `cli/bin.cjs` bundles the CLI: a module that finds its folder from its own URL.
 import { spawnSync } from "node:child_process"
-import { readFileSync, statSync, utimesSync } from "node:fs"
+import { readFileSync, statSync, utimesSync, writeFileSync } from "node:fs"
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -27,7 +27,7 @@ afterAll(async () => {
 
 /** `hangar ARGS` with the tools folder `tools`: its status, output, and the bundle it ran from. */
 const hangar = (...args: Array<string>) => {
-  const ran = spawnSync(process.execPath, [join(import.meta.dirname, "bin.js"), ...args], {
+  const ran = spawnSync(process.execPath, [join(import.meta.dirname, "bin.cjs"), ...args], {
     env: { ...process.env, HANGAR_TOOLS_DIR: tools },
     encoding: "utf8",
   })
@@ -59,13 +59,25 @@ describe("the CLI bundle", () => {
     const admin = hangar("admin")
     expect(admin).toMatchObject({ status: 2, bundle: first.bundle })
     expect(admin.stderr).toContain("usage:")
-    // Their first start wrote V8's code cache of their file; the next is served by it (a cache V8
-    // refused would be written again).
-    const cache = join(tools, "cli", first.bundle, "admin.cjs.v8")
-    const written = statSync(cache)
-    expect(written.size).toBeGreaterThan(0)
-    expect(hangar("admin")).toMatchObject({ status: 2, bundle: first.bundle })
-    expect(statSync(cache).mtimeMs).toBe(written.mtimeMs)
+    // Each file's first start wrote V8's code cache of it; the next is served by it, and one V8
+    // refuses (damaged here; another Node.js would do the same) is written again.
+    for (const [file, args] of [
+      ["main.cjs", ["version"]],
+      ["admin.cjs", ["admin"]],
+    ] as const) {
+      const cache = join(tools, "cli", first.bundle, `${file}.v8`)
+      const written = statSync(cache)
+      expect(written.size).toBeGreaterThan(0)
+      expect(hangar(...args)).toMatchObject({ status: file === "admin.cjs" ? 2 : 0, bundle: first.bundle })
+      expect(statSync(cache).mtimeMs).toBe(written.mtimeMs)
+      writeFileSync(cache, "not a code cache")
+      expect(hangar(...args)).toMatchObject({ status: file === "admin.cjs" ? 2 : 0, bundle: first.bundle })
+      expect(readFileSync(cache, "utf8")).not.toBe("not a code cache")
+      const again = statSync(cache)
+      expect(again.size).toBeGreaterThan(0)
+      expect(hangar(...args).bundle).toBe(first.bundle)
+      expect(statSync(cache).mtimeMs).toBe(again.mtimeMs)
+    }
     // What it was made from: the CLI's sources, not the packages' files (the lock files stand for them).
     const inputs: Array<string> = JSON.parse(
       readFileSync(join(tools, "cli", first.bundle, "inputs.json"), "utf8"),
@@ -75,7 +87,7 @@ describe("the CLI bundle", () => {
     expect(inputs.filter((input) => input.includes("node_modules"))).toEqual([])
     // Older than its sources and makers (as after a change to any of them): made again.
     const past = new Date("2020-01-01T00:00:00Z")
-    utimesSync(join(tools, "cli", first.bundle, "main.mjs"), past, past)
+    utimesSync(join(tools, "cli", first.bundle, "main.cjs"), past, past)
     const again = hangar("version")
     expect(again).toMatchObject({ status: 0, stdout: version })
     expect(again.bundle).not.toBe(first.bundle)

@@ -1,5 +1,5 @@
 /**
- * Files through the `hangar` CLI, as a user moves them: the real binary (`cli/bin.js`) against the
+ * Files through the `hangar` CLI, as a user moves them: the real binary (`cli/bin.cjs`) against the
  * whole stack. `cp` of a file and of a nested folder into a run and back out, byte for byte; `cp`
  * out of a path the machine does not have (exit 4, the spec's "anything else"); and `hangar run
  * --in DIR --out DIR2` and `hangar output RUN --out DIR` round trips of a folder holding nested

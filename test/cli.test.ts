@@ -1,5 +1,5 @@
 /**
- * The `hangar` CLI for users, as a user runs it: the real binary (`cli/bin.js`) as a subprocess
+ * The `hangar` CLI for users, as a user runs it: the real binary (`cli/bin.cjs`) as a subprocess
  * against the whole stack over HTTP, with the vendor fake for the provider commands. Every exit
  * status of the spec is met here: 0, 1 (run failed), 2 (wrong command), 3 (API refused), 4
  * (anything else), and `exec`'s own statuses and 125.

@@ -23,7 +23,7 @@ interface Started {
   readonly stdout: () => string
 }
 
-const bin = join(root, "cli", "bin.js")
+const bin = join(root, "cli", "bin.cjs")
 
 // `detached`: the process leads its own process group, as a terminal's foreground job does, so the
 // test can signal the whole group the way Ctrl-C does.

@@ -97,7 +97,7 @@ export const table: Readonly<Record<string, Entry>> = {
   version: { usage: "version", summary: "print the CLI's version", load: async () => versionCommand },
 }
 
-/** The operator commands `bin.js` hands to `cli/main.ts` (listed in help). */
+/** The operator commands `bin.cjs` hands to `cli/main.ts` (listed in help). */
 const operator = `
 operators:
   hangar serve gateway|relay|actors|host-agent|all

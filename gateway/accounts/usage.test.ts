@@ -19,7 +19,7 @@ import { personToken, run, startGateway, type TestGateway } from "../auth/testin
 import { routes } from "./routes.ts"
 
 const exec = promisify(execFile)
-const bin = join(import.meta.dirname, "..", "..", "cli", "bin.js")
+const bin = join(import.meta.dirname, "..", "..", "cli", "bin.cjs")
 
 let nats: StartedNatsServer
 let dir: string

@@ -1,5 +1,5 @@
 /**
- * The real `hangar` binary (`cli/bin.js`, what `npx hangar` runs) as a subprocess, for the CLI's
+ * The real `hangar` binary (`cli/bin.cjs`, what `npx hangar` runs) as a subprocess, for the CLI's
  * tests: its exit status, stdout and stderr, with the environment a user would set.
  */
 import { spawn } from "node:child_process"
@@ -9,7 +9,7 @@ import { join } from "node:path"
 import { root } from "../../deploy/tools.mjs"
 
 /** The binary's path. */
-export const bin = join(root, "cli", "bin.js")
+export const bin = join(root, "cli", "bin.cjs")
 
 /** What one invocation did. */
 export interface Ran {

@@ -60,9 +60,7 @@ const readDefinition = (file: string): Record<string, unknown> => {
   try {
     if (ext === ".json") parsed = JSON.parse(text)
     else {
-      // YAML is a superset of JSON: one parser reads both when the extension says neither. (A
-      // static import: the bundle, `cli/bin.js`, hands a dynamically imported CommonJS package
-      // over as its default export only.)
+      // YAML is a superset of JSON: one parser reads both when the extension says neither.
       parsed = parseYaml(text, { prettyErrors: true, uniqueKeys: true })
     }
   } catch (e) {

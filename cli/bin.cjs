@@ -2,22 +2,33 @@
 // The `hangar` command. The project runs TypeScript directly (no build step), so a command would
 // pay tsx's compile at every start. Instead the user CLI (`cli/user/`) and the operator commands
 // (`hangar admin`, `cli/admin.ts`) are bundled by esbuild into `.tools/cli/` the first time one
-// runs after a change to their sources (a few stats tell), and started from there; each user
-// command's code is its own chunk, loaded only when that command runs. The packages they use
-// (effect, the NATS client, ws, …) are bundled in too: loaded from `node_modules/` file by file,
-// effect's few hundred modules alone took the operator commands' start from about 0.45 s to 1 s.
-// The operator commands are one CommonJS file (`admin.cjs`, 2 MB), started from V8's code cache
-// of it (`admin.cjs.v8`, written by the first start): compiling it took a third of their start. `serve` (the service
-// itself) and any failure to bundle go through tsx as before.
+// runs after a change to their sources (a few stats tell), and started from there. `serve` (the
+// service itself) and any failure to bundle go through tsx as before.
 //
-// Each bundle is a folder of its own, never changed; `.tools/cli/current` names the newest (written
-// whole and renamed into place), so processes bundling at once, or a process still loading chunks
-// of an older bundle, never see a half-made or removed folder. Bundles an hour older than the
-// current one are removed by the next bundling.
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs"
-import { createRequire } from "node:module"
-import { dirname, join } from "node:path"
-import { fileURLToPath, pathToFileURL } from "node:url"
+// What makes the start short, each measured against `node -e 0` (`bench/cli.ts`):
+// - Each bundle is one CommonJS file with the packages it uses in it (effect, the NATS client, ws,
+//   yaml…). Loaded from `node_modules/` file by file, effect's few hundred modules took the
+//   operator commands' start from about 0.45 s to 1 s. A user command's code is set up only when
+//   that command runs (esbuild's lazy module init).
+// - Each is compiled from V8's code cache of it (`<file>.v8`, written by its first start):
+//   compiling `admin.cjs` (2 MB) took a third of the operator commands' start.
+// - This file is CommonJS too: an ES module entry, or ES module chunks, cost Node's module loader
+//   about 10 ms more on every start.
+//
+// Each bundle is a folder of its own, never changed (but for its code caches, written whole and
+// renamed into place); `.tools/cli/current` names the newest (the same way), so processes bundling
+// at once, or a process still loading an older bundle, never see a half-made or removed folder.
+// Bundles an hour older than the current one are removed by the next bundling.
+const {
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} = require("node:fs")
+const { dirname, join } = require("node:path")
 
 // Node 20.15 or later (package.json `engines`): the folder upload builds its gzip members with
 // `zlib.crc32`. Said at once, not as a crash mid-upload.
@@ -27,14 +38,13 @@ if (major < 20 || (major === 20 && minor < 15)) {
   process.exit(1)
 }
 
-const root = join(dirname(fileURLToPath(import.meta.url)), "..")
+const root = join(__dirname, "..")
 const command = process.argv[2]
 const home = join(process.env.HANGAR_TOOLS_DIR ?? join(root, ".tools"), "cli")
 const pointer = join(home, "current")
 
-/** The entries of a bundle and their files: the user CLI (ES modules, a chunk per command), and the operator commands. */
+/** The entries of a bundle: the user CLI, and the operator commands (`<name>.cjs` each). */
 const entries = { main: join(root, "cli", "user", "main.ts"), admin: join(root, "cli", "admin.ts") }
-const files = { main: "main.mjs", admin: "admin.cjs" }
 
 /**
  * Beside the sources, what a bundle is made from: the version, the packages (npm writes both lock
@@ -45,7 +55,7 @@ const makers = [
   "package.json",
   "package-lock.json",
   join("node_modules", ".package-lock.json"),
-  "cli/bin.js",
+  "cli/bin.cjs",
   "cli/bundle.mjs",
 ]
 
@@ -54,23 +64,23 @@ const fresh = () => {
   try {
     const dir = join(home, readFileSync(pointer, "utf8").trim())
     const made = JSON.parse(readFileSync(join(dir, "inputs.json"), "utf8"))
-    const at = statSync(join(dir, "main.mjs")).mtimeMs
+    const at = statSync(join(dir, "main.cjs")).mtimeMs
     for (const input of made.inputs) if (statSync(join(root, input)).mtimeMs > at) return undefined
     for (const maker of makers)
       if ((statSync(join(root, maker), { throwIfNoEntry: false })?.mtimeMs ?? 0) > at) return undefined
-    for (const file of Object.values(files)) statSync(join(dir, file))
+    for (const name of Object.keys(entries)) statSync(join(dir, `${name}.cjs`))
     return dir
   } catch {
     return undefined
   }
 }
 
-/**
- * The bundled CommonJS packages' `require` (of Node's modules, and of the optional native helpers
- * ws looks for), resolved from the repository as from its sources wherever the bundle is.
- */
-const requireFromRoot = join(root, "package.json")
-const requireBanner = `import { createRequire as __hangarRequire } from "node:module"; const require = __hangarRequire(${JSON.stringify(pathToFileURL(requireFromRoot).href)});`
+/** Writes `data` to `file` whole: a temporary file renamed into place. */
+const writeWhole = (file, data) => {
+  const temporary = `${file}.${process.pid}.tmp`
+  writeFileSync(temporary, data)
+  renameSync(temporary, file)
+}
 
 /** Bundles the user CLI and the operator commands into a new folder and makes it the current one; answers it. */
 const bundle = async () => {
@@ -78,9 +88,12 @@ const bundle = async () => {
   mkdirSync(home, { recursive: true })
   const name = `b-${Date.now()}-${process.pid}`
   const dir = join(home, name)
-  const common = {
+  const result = await build({
+    entryPoints: entries,
     outdir: dir,
+    outExtension: { ".js": ".cjs" },
     bundle: true,
+    format: "cjs",
     platform: "node",
     target: "node20",
     metafile: true,
@@ -89,30 +102,10 @@ const bundle = async () => {
     define: {
       HANGAR_VERSION: JSON.stringify(JSON.parse(readFileSync(join(root, "package.json"), "utf8")).version),
     },
-  }
-  const results = await Promise.all([
-    build({
-      ...common,
-      entryPoints: { main: entries.main },
-      outExtension: { ".js": ".mjs" },
-      splitting: true,
-      format: "esm",
-      banner: { js: requireBanner },
-    }),
-    build({
-      ...common,
-      entryPoints: { admin: entries.admin },
-      outExtension: { ".js": ".cjs" },
-      format: "cjs",
-    }),
-  ])
-  const inputs = [...new Set(results.flatMap((r) => Object.keys(r.metafile.inputs)))].filter(
-    (input) => !input.startsWith("node_modules/"),
-  )
+  })
+  const inputs = Object.keys(result.metafile.inputs).filter((input) => !input.startsWith("node_modules/"))
   writeFileSync(join(dir, "inputs.json"), JSON.stringify({ inputs }))
-  const temporary = `${pointer}.${process.pid}.tmp`
-  writeFileSync(temporary, name)
-  renameSync(temporary, pointer)
+  writeWhole(pointer, name)
   const old = Date.now() - 3600_000
   for (const entry of readdirSync(home))
     if (entry.startsWith("b-") && entry !== name && Number(entry.split("-")[1]) < old)
@@ -121,12 +114,13 @@ const bundle = async () => {
 }
 
 /**
- * The exports of the CommonJS file `file`, compiled with V8's code cache of it (`<file>.v8`), which
+ * The exports of the bundled file `file`, compiled with V8's code cache of it (`<file>.v8`), which
  * is written when there is none or V8 refused it (another Node.js): after the module ran, so it
- * holds the functions its start compiled too. Written whole and renamed into place.
+ * holds the functions its start compiled too. Its `require` (of Node's modules, and of the
+ * optional native helpers ws looks for) resolves from the repository wherever the bundle is.
  */
-const loadCached = async (file) => {
-  const { constants, Script } = await import("node:vm") // only here: the user commands do without it
+const loadCached = (file) => {
+  const { constants, Script } = require("node:vm")
   const cache = `${file}.v8`
   let cachedData
   try {
@@ -139,13 +133,11 @@ const loadCached = async (file) => {
     importModuleDynamically: constants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
   })
   const module = { exports: {} }
-  const require = createRequire(requireFromRoot)
-  script.runInThisContext().call(module.exports, module.exports, require, module, file, dirname(file))
+  const fromRoot = require("node:module").createRequire(join(root, "package.json"))
+  script.runInThisContext().call(module.exports, module.exports, fromRoot, module, file, dirname(file))
   if (cachedData === undefined || script.cachedDataRejected) {
     try {
-      const temporary = `${cache}.${process.pid}.tmp`
-      writeFileSync(temporary, script.createCachedData())
-      renameSync(temporary, cache)
+      writeWhole(cache, script.createCachedData())
     } catch {} // a folder it may not write in: it starts without the cache
   }
   return module.exports
@@ -163,18 +155,19 @@ const bundled = async () => {
   }
   if (command === "admin") {
     // It prints its answer and exits by itself.
-    const { main } = await loadCached(join(dir, files.admin))
-    main(process.argv.slice(3))
+    loadCached(join(dir, "admin.cjs")).main(process.argv.slice(3))
     return true
   }
-  const { main } = await import(pathToFileURL(join(dir, files.main)).href)
-  const status = await main(process.argv.slice(2))
+  const status = await loadCached(join(dir, "main.cjs")).main(process.argv.slice(2))
   process.stdout.write("", () => process.exit(status))
   return true
 }
 
-if (command === "serve" || !(await bundled())) {
-  const { register } = await import("tsx/esm/api")
-  register()
-  await import("./main.ts")
+const start = async () => {
+  if (command === "serve" || !(await bundled())) {
+    const { register } = await import("tsx/esm/api")
+    register()
+    await import("./main.ts")
+  }
 }
+start()
