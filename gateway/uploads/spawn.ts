@@ -31,7 +31,8 @@ export const startChildGateway = async (options: {
   const child: ChildProcess = spawn(
     process.execPath,
     ["--import", "tsx", join(here, "testServer.ts"), JSON.stringify(options)],
-    { stdio: ["ignore", "pipe", "pipe"] },
+    // stdin is held open for the child's life: it ends when this process does, however it ends.
+    { stdio: ["pipe", "pipe", "pipe"] },
   )
   let stderr = ""
   child.stderr!.on("data", (d: Buffer) => {
