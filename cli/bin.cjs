@@ -132,15 +132,15 @@ const loadCached = (file) => {
     cachedData,
     importModuleDynamically: constants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
   })
-  const module = { exports: {} }
+  const loaded = { exports: {} }
   const fromRoot = require("node:module").createRequire(join(root, "package.json"))
-  script.runInThisContext().call(module.exports, module.exports, fromRoot, module, file, dirname(file))
+  script.runInThisContext().call(loaded.exports, loaded.exports, fromRoot, loaded, file, dirname(file))
   if (cachedData === undefined || script.cachedDataRejected) {
     try {
       writeWhole(cache, script.createCachedData())
     } catch {} // a folder it may not write in: it starts without the cache
   }
-  return module.exports
+  return loaded.exports
 }
 
 /** Runs the command from the bundle (made first when stale); false when it could not be made. */
