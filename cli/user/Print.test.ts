@@ -1,6 +1,40 @@
-/** How the CLI writes sizes and durations for people (the progress line, listings). */
-import { describe, expect, it } from "vitest"
-import { bytes, duration } from "./Print.ts"
+/** How the CLI writes sizes and durations for people (the progress line, listings), and when in colour. */
+import { afterEach, describe, expect, it } from "vitest"
+import { bytes, duration, outOf, red } from "./Print.ts"
+
+describe("outOf", () => {
+  // The streams' own answers, replaced for a test and put back.
+  const terminal = (stream: NodeJS.WriteStream, isTTY: boolean) =>
+    Object.defineProperty(stream, "isTTY", { value: isTTY, configurable: true, writable: true })
+  const before = { stdout: process.stdout.isTTY, stderr: process.stderr.isTTY }
+  afterEach(() => {
+    terminal(process.stdout, before.stdout)
+    terminal(process.stderr, before.stderr)
+  })
+
+  it("colour only when stdout is a terminal and NO_COLOR is unset or empty", () => {
+    terminal(process.stdout, true)
+    expect(outOf(false, {}).color).toBe(true)
+    expect(outOf(false, { NO_COLOR: "" }).color).toBe(true)
+    expect(outOf(false, { NO_COLOR: "1" }).color).toBe(false)
+    expect(red(outOf(false, {}), "failed")).toBe("\x1b[31mfailed\x1b[0m")
+    expect(red(outOf(false, { NO_COLOR: "1" }), "failed")).toBe("failed")
+    terminal(process.stdout, false)
+    expect(outOf(false, {}).color).toBe(false)
+  })
+
+  it("progress in place only when stderr is a terminal; each asked when first read, then kept", () => {
+    terminal(process.stderr, false)
+    const out = outOf(true, {})
+    terminal(process.stderr, true)
+    terminal(process.stdout, true)
+    expect(out).toMatchObject({ json: true, tty: true, color: true })
+    terminal(process.stderr, false)
+    terminal(process.stdout, false)
+    expect(out).toMatchObject({ tty: true, color: true })
+    expect(outOf(true, {})).toMatchObject({ tty: false, color: false })
+  })
+})
 
 describe("bytes", () => {
   it("whole bytes below 1 kB, a fraction of one (a rate) rounded", () => {

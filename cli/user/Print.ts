@@ -4,7 +4,6 @@
  * instead (one document; streams print JSON lines). Messages and progress go to stderr, results to
  * stdout, so a pipe gets only the result.
  */
-import { isatty } from "node:tty"
 
 /** How the current command prints. */
 export interface Out {
@@ -14,13 +13,23 @@ export interface Out {
   readonly color: boolean
 }
 
-// Asked of the descriptors, not of `process.stderr`: making that stream took ~5 ms of a start whose
-// command prints nothing on it.
-export const outOf = (json: boolean, env: NodeJS.ProcessEnv = process.env): Out => ({
-  json,
-  tty: isatty(2),
-  color: isatty(1) && !("NO_COLOR" in env && env.NO_COLOR !== ""),
-})
+// Each asked when first read: a command that prints plain lines (`version`) makes neither stream
+// nor loads node:tty, about 5–7 ms of its start.
+export const outOf = (json: boolean, env: NodeJS.ProcessEnv = process.env): Out => {
+  let tty: boolean | undefined
+  let color: boolean | undefined
+  return {
+    json,
+    get tty() {
+      tty ??= Boolean(process.stderr.isTTY)
+      return tty
+    },
+    get color() {
+      color ??= Boolean(process.stdout.isTTY) && !("NO_COLOR" in env && env.NO_COLOR !== "")
+      return color
+    },
+  }
+}
 
 const paint = (code: number) => (out: Out, text: string) => (out.color ? `\x1b[${code}m${text}\x1b[0m` : text)
 export const bold = paint(1)
