@@ -1,9 +1,10 @@
 // The CLI bundle: `cli/bin.cjs` making, keeping and remaking it in a tools folder of its own (real
 // processes), and its `import.meta.url` plugin (`cli/bundle.mjs`) on a fixture bundled as
-// `cli/bin.cjs` bundles the CLI: a module that finds its folder from its own URL.
+// `cli/bin.cjs` bundles the CLI (one CommonJS file): a module that finds its folder from its own URL.
 import { spawnSync } from "node:child_process"
 import { readFileSync, statSync, utimesSync, writeFileSync } from "node:fs"
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises"
+import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { pathToFileURL } from "node:url"
@@ -40,14 +41,15 @@ const bundled = async (name: string, plugins: Array<typeof sourceUrls>) => {
   await build({
     entryPoints: { [name]: join(dir, "main.ts") },
     outdir: join(dir, "out"),
-    outExtension: { ".js": ".mjs" },
+    outExtension: { ".js": ".cjs" },
     bundle: true,
-    format: "esm",
+    format: "cjs",
     platform: "node",
     logLevel: "silent",
     plugins,
   })
-  return ((await import(pathToFileURL(join(dir, "out", `${name}.mjs`)).href)) as { where: string }).where
+  return (createRequire(import.meta.url)(join(dir, "out", `${name}.cjs`)) as { where: string | undefined })
+    .where
 }
 
 describe("the CLI bundle", () => {
@@ -96,7 +98,7 @@ describe("the CLI bundle", () => {
 
   it("gives a bundled module its source file's import.meta.url, not the bundle's", async () => {
     expect(await bundled("with", [sourceUrls])).toBe(pathToFileURL(join(dir, "core", "where.ts")).href)
-    // Without the plugin the module sees the bundle's place (what it would find beside it is wrong).
-    expect(await bundled("without", [])).toBe(pathToFileURL(join(dir, "out", "without.mjs")).href)
+    // Without the plugin a CommonJS bundle has no import.meta.url at all (esbuild leaves it empty).
+    expect(await bundled("without", [])).toBeUndefined()
   })
 })
