@@ -7,6 +7,8 @@
  *   rendered as JSON and discarded; answered inside uWS's callback, `Route.now`);
  * - `GET /v1/tools` with an admin key: authenticated (token hash, key cache, account record, all
  *   from memory);
+ * - bare uWS, tools bytes: `/v1/tools`'s 3 KB answer from a bare route, what the bigger body costs
+ *   without the gateway (the tools row's ratio is still to the first bare row, as the issue asks);
  * - `GET /v1/account` with the owner's ID token and `Service-Account`: a person (verified token,
  *   person, membership, account and the account actor's balance and webhook key, from the watched
  *   caches). The spec gives this route to people only, so an admin key gets `people_only`;
@@ -20,11 +22,16 @@
  * with the load generator; read the ratios. Stops by itself in about a minute.
  *
  *   node --import tsx bench/gateway.ts [seconds per target, default 6] [connections, default 50]
+ *
+ * `BENCH_CPU_PROFILE=<folder>`: this process's CPU profile of each target, written there as
+ * `<n>-<target>.cpuprofile` (`bench/profile-summary.ts --per=<requests>` sums it per request). The
+ * profiler slows every target; read the figures of a run without it.
  */
 
 import uWS from "uWebSockets.js"
 import { spawn } from "node:child_process"
-import { mkdtemp, rm } from "node:fs/promises"
+import { mkdtemp, rm, writeFile } from "node:fs/promises"
+import { Session } from "node:inspector/promises"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -34,12 +41,17 @@ import * as Accounts from "../gateway/accounts/routes.ts"
 import { personToken, run, startGateway } from "../gateway/auth/testing.ts"
 import * as Health from "../gateway/Health.ts"
 import * as Tools from "../gateway/tools/Tools.ts"
+import { tools } from "../schema/Tools.ts"
 import { startNatsServer } from "../test/harness/NatsServer.ts"
 import { uniquePrefix } from "../test/harness/names.ts"
 
 const seconds = Number(process.argv[2] ?? 6)
 const connections = Number(process.argv[3] ?? 50)
 const autocannon = createRequire(import.meta.url).resolve("autocannon/autocannon.js")
+
+const profileDir = process.env.BENCH_CPU_PROFILE
+const profiling = profileDir === undefined ? undefined : new Session()
+let profiled = 0
 
 interface Figures {
   readonly rps: number
@@ -49,13 +61,31 @@ interface Figures {
   readonly non2xx: number
   /** This process's CPU time (user + system) per request, in µs, warm-up included. */
   readonly cpuUs: number
+  readonly requests: number
 }
 
 // autocannon in its own process, so the load generator does not share this event loop.
-const drive = (
+const drive = async (
+  name: string,
   url: string,
   headers: Record<string, string> = {},
   options: { readonly rate?: number; readonly connections?: number } = {},
+): Promise<[string, Figures]> => {
+  await profiling?.post("Profiler.start")
+  const figures = await load(url, headers, options)
+  if (profiling) {
+    const { profile } = await profiling.post("Profiler.stop")
+    const file = join(profileDir ?? "", `${++profiled}-${name.replace(/[^a-z0-9]+/gi, "-")}.cpuprofile`)
+    await writeFile(file, JSON.stringify(profile))
+    console.log(`CPU profile of ${name} (${figures.requests} requests): ${file}`)
+  }
+  return [name, figures]
+}
+
+const load = (
+  url: string,
+  headers: Record<string, string>,
+  options: { readonly rate?: number; readonly connections?: number },
 ): Promise<Figures> =>
   new Promise((resolve, reject) => {
     const cpu = process.cpuUsage()
@@ -90,17 +120,25 @@ const drive = (
         errors: r.errors + r.timeouts,
         non2xx: r.non2xx,
         cpuUs: (used.user + used.system) / Math.max(1, r.requests.total),
+        requests: r.requests.total,
       })
     })
   })
 
-// The baseline: the same body from a bare uWS route, with only the abort handler uWS requires.
+// The baseline: the same body from a bare uWS route, with only the abort handler uWS requires; and
+// `GET /v1/tools`'s 3 KB body the same way, to tell what that route's bigger answer costs alone.
 const bare = (): Promise<{ port: number; close: () => void }> =>
   new Promise((resolve, reject) => {
     const body = JSON.stringify({ status: "ok" })
-    const app = uWS.App().get("/v1/health", (res) => {
-      res.cork(() => res.writeHeader("content-type", "application/json").end(body))
-    })
+    const toolsBody = JSON.stringify({ tools })
+    const app = uWS
+      .App()
+      .get("/v1/health", (res) => {
+        res.cork(() => res.writeHeader("content-type", "application/json").end(body))
+      })
+      .get("/v1/tools", (res) => {
+        res.cork(() => res.writeHeader("content-type", "application/json").end(toolsBody))
+      })
     app.listen("127.0.0.1", 0, (socket) => {
       if (!socket) return reject(new Error("bare uWS could not listen"))
       resolve({
@@ -111,10 +149,15 @@ const bare = (): Promise<{ port: number; close: () => void }> =>
   })
 
 const main = async () => {
+  if (profiling) {
+    profiling.connect()
+    await profiling.post("Profiler.enable")
+    await profiling.post("Profiler.setSamplingInterval", { interval: 100 })
+  }
   const guard = setTimeout(() => {
     process.stderr.write("bench/gateway: did not finish in time\n")
     process.exit(1)
-  }, 150_000)
+  }, 180_000)
   const nats = await startNatsServer()
   const dir = await mkdtemp(join(tmpdir(), "hangar-bench-gateway-"))
   const keyFile = join(dir, "issuer.key")
@@ -148,16 +191,17 @@ const main = async () => {
   const baseline = await bare()
 
   const rows: Array<[string, Figures]> = [
-    ["bare uWS", await drive(`http://127.0.0.1:${baseline.port}/v1/health`)],
-    ["health", await drive(`${gateway.url}/v1/health`)],
-    ["tools, admin key", await drive(`${gateway.url}/v1/tools`, admin)],
-    ["account, person", await drive(`${gateway.url}/v1/account`, person)],
-    ["tools @1000/s", await drive(`${gateway.url}/v1/tools`, admin, { rate: 1000 })],
+    await drive("bare uWS", `http://127.0.0.1:${baseline.port}/v1/health`),
+    await drive("health", `${gateway.url}/v1/health`),
+    await drive("tools, admin key", `${gateway.url}/v1/tools`, admin),
+    await drive("bare uWS, tools bytes", `http://127.0.0.1:${baseline.port}/v1/tools`),
+    await drive("account, person", `${gateway.url}/v1/account`, person),
+    await drive("tools @1000/s", `${gateway.url}/v1/tools`, admin, { rate: 1000 }),
     // autocannon paces each connection on its own timer, so 50 connections arrive as bursts of 50;
     // 10 connections give the same 1,000 requests/s with smaller bursts.
-    ["tools @1000/s, 10 c", await drive(`${gateway.url}/v1/tools`, admin, { rate: 1000, connections: 10 })],
+    await drive("tools @1000/s, 10 c", `${gateway.url}/v1/tools`, admin, { rate: 1000, connections: 10 }),
     // The baseline again: how much the machine's share moved during the run (the ratios use the first).
-    ["bare uWS, again", await drive(`http://127.0.0.1:${baseline.port}/v1/health`)],
+    await drive("bare uWS, again", `http://127.0.0.1:${baseline.port}/v1/health`),
   ]
   baseline.close()
   await Effect.runPromise(worker.stop)
@@ -170,7 +214,7 @@ const main = async () => {
   console.log(`${connections} connections, ${seconds} s each, autocannon in a child process`)
   for (const [name, f] of rows) {
     console.log(
-      `${name.padEnd(18)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   ratio ${(f.rps / base).toFixed(2)}   cpu ${f.cpuUs.toFixed(1).padStart(6)} µs/req   errors ${f.errors}   non-2xx ${f.non2xx}`,
+      `${name.padEnd(21)} ${f.rps.toFixed(0).padStart(8)} req/s   p50 ${String(f.p50).padStart(4)} ms   p99 ${String(f.p99).padStart(4)} ms   ratio ${(f.rps / base).toFixed(2)}   cpu ${f.cpuUs.toFixed(1).padStart(6)} µs/req   errors ${f.errors}   non-2xx ${f.non2xx}`,
     )
   }
 }
