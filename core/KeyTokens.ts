@@ -15,8 +15,19 @@ export const newToken = (): string => `${tokenPrefix}${randomBytes(32).toString(
 /** Whether `token` has the shape of a key token (cheap check before any lookup). */
 export const isKeyToken = (token: string): boolean => shape.test(token)
 
+// The last token hashed and its hash: a request's token is hashed by the rate limit and again by
+// the auth step, in the same uWS callback. Only the last one is held.
+let lastToken = ""
+let lastHash = ""
+
 /** The stored form of a token: SHA-256, lower-case hex. */
-export const hashToken = (token: string): string => createHash("sha256").update(token).digest("hex")
+export const hashToken = (token: string): string => {
+  if (token !== lastToken || lastToken === "") {
+    lastHash = createHash("sha256").update(token).digest("hex")
+    lastToken = token
+  }
+  return lastHash
+}
 
 /** Compares two hashes in constant time (same length assumed; different lengths are unequal). */
 export const sameHash = (a: string, b: string): boolean => {

@@ -57,6 +57,18 @@ const levelOf = (label: string) => {
   return level
 }
 
+// The time of the last line rendered, as text: a busy process writes many lines in a millisecond.
+let isoAt = Number.NaN
+let iso = ""
+const isoOf = (date: Date): string => {
+  const at = date.getTime()
+  if (at !== isoAt) {
+    iso = date.toISOString()
+    isoAt = at
+  }
+  return iso
+}
+
 /**
  * Renders one log entry as a JSON line; exported for tests. Every value went through `scrub`, so
  * `JSON.stringify` needs no replacer (a replacer is called for every key of the line).
@@ -69,7 +81,7 @@ export const render = (options: Logger.Logger.Options<unknown>): string => {
   const fields =
     parts.length === 2 && typeof parts[0] === "string" && isFields(parts[1]) ? parts[1] : undefined
   const entry: Record<string, unknown> = {
-    at: options.date.toISOString(),
+    at: isoOf(options.date),
     level: levelOf(options.logLevel.label),
     msg: fields !== undefined || parts.length === 1 ? scrub(parts[0]) : parts.map((p) => scrub(p)),
   }

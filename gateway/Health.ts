@@ -1,7 +1,8 @@
 /**
  * `GET /v1/health`: whether this gateway can serve: `200 {"status":"ok"}`, or `503
  * {"status":"unavailable"}` with `Retry-After` while its NATS connection is down (a load balancer
- * then sends requests to another gateway). It never waits on NATS itself.
+ * then sends requests to another gateway). It never waits on NATS itself, and is never rate
+ * limited (`Route.unlimited`): a load balancer's probe is not refused for others' traffic.
  */
 import { Context, Effect, Option } from "effect"
 import { Nats } from "../core/Nats.ts"
@@ -24,6 +25,7 @@ export const routes = [
     method: "GET",
     path: "/v1/health",
     storeless: true,
+    unlimited: true,
     handler: () => Effect.map(Effect.serviceOption(Nats), answer),
     now: (_, services) => answer(Context.getOption(services, Nats)),
   }),

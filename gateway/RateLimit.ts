@@ -8,12 +8,12 @@
  * keeps the hot path free of network round trips. Full buckets are dropped by a periodic sweep,
  * so memory follows the number of recently active credentials.
  *
- * The key is the credential's identity; until the auth layer provides one it is the SHA-256 of
- * the bearer token, or the client address for requests without one.
+ * The key is the credential: the SHA-256 of the bearer token, or the client address for requests
+ * without one.
  */
-import { createHash } from "node:crypto"
 import { Config, Context, Duration, Effect, Layer, Schedule } from "effect"
 import { defineSettings, env } from "../core/Config.ts"
+import { hashToken } from "../core/KeyTokens.ts"
 
 /**
  * Rate limit settings: `HANGAR_RATE_LIMIT_PER_SECOND` (refill, may be fractional) and
@@ -83,12 +83,15 @@ export class RateLimit extends Context.Tag("gateway/RateLimit")<
   }
 >() {}
 
-/** The bucket key of a request: SHA-256 of its bearer token, else `ip:<address>`. */
-export const keyOf = (authorization: string | undefined, remoteAddress: string): string => {
+/**
+ * The bucket key of a request: the SHA-256 of its bearer token (the stored form of a key, which the
+ * auth step then finds already made), else `ip:` and the client's address, asked for only then.
+ */
+export const keyOf = (authorization: string | undefined, remoteAddress: () => string): string => {
   if (authorization !== undefined && authorization.length > 7 && /^bearer /i.test(authorization)) {
-    return `tok:${createHash("sha256").update(authorization.slice(7).trim()).digest("base64url")}`
+    return `tok:${hashToken(authorization.slice(7).trim())}`
   }
-  return `ip:${remoteAddress}`
+  return `ip:${remoteAddress()}`
 }
 
 /** The rate limiter from settings, with a sweep every minute while the layer lives. */

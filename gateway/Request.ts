@@ -20,8 +20,6 @@ export interface Request<P, B, Q> {
   readonly headers: Readonly<Record<string, string>>
   /** The request id echoed in `x-request-id` and in the access log. */
   readonly requestId: string
-  /** The peer's address as text (the load balancer's when behind one). */
-  readonly remoteAddress: string
 }
 
 /** Lower-case header names to values, copied from uWS's request. */

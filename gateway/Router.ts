@@ -49,6 +49,12 @@ export interface Route<R> {
   readonly query?: InputSchema<unknown> | undefined
   /** Answers without NATS (health): not refused while NATS is unreachable. */
   readonly storeless?: boolean | undefined
+  /**
+   * Not rate limited (health). A load balancer's probes come from the address every request it
+   * forwards comes from, so they would share that address's bucket and be refused in a flood of
+   * others' requests; and a refusal would cost this gateway as much as the answer.
+   */
+  readonly unlimited?: boolean | undefined
   // biome-ignore lint/suspicious/noExplicitAny: erased here, typed by `route`/`streamRoute`
   readonly handler: (request: Request<any, any, any>) => Effect.Effect<Reply, unknown, R>
   /**
@@ -67,6 +73,7 @@ export const route = <const P extends string, B = undefined, Q = RawQuery, E = A
   readonly bodyLimit?: number
   readonly query?: InputSchema<Q>
   readonly storeless?: boolean
+  readonly unlimited?: boolean
   readonly handler: (request: Request<Params<P>, B, Q>) => Effect.Effect<Reply, E, R>
   /** `handler`'s answer from memory when it can be had at once (see `Route.now`). */
   readonly now?: (request: Request<Params<P>, B, Q>, services: Context.Context<R>) => Reply | undefined
@@ -169,8 +176,22 @@ export const make = <R>(routes: ReadonlyArray<Route<R>>): Router<R> => {
 
   const notFound: Match<R> = { _tag: "NotFound" }
 
+  // The answers for paths without parameters, made once: such a path is one lookup, and finds the
+  // same node as the walk (a node holding routes at the full depth, literals first).
+  const fixed = new Map<string, { readonly found: Map<string, Match<R>>; readonly other: Match<R> }>()
+  const noParams: Record<string, string> = Object.freeze({}) as Record<string, string>
+  for (const r of routes) {
+    if (r.path.includes("/:") || fixed.has(r.path)) continue
+    const node = find(root, segmentsOf(r.path)!, 0, [])!
+    const found = new Map<string, Match<R>>()
+    for (const [method, route] of node.routes) found.set(method, { _tag: "Found", route, params: noParams })
+    fixed.set(r.path, { found, other: { _tag: "MethodNotAllowed", allow: [...node.routes.keys()].sort() } })
+  }
+
   return {
     match: (method, path) => {
+      const known = fixed.get(path)
+      if (known !== undefined) return known.found.get(method) ?? known.other
       const segments = segmentsOf(path)
       if (!segments) return notFound
       const values: Array<string> = []

@@ -537,16 +537,36 @@ describe("rate limits", () => {
   afterAll(() => limited.close())
 
   it("the burst passes, one more is 429 rate_limited with Retry-After; credentials have their own bucket", async () => {
-    for (let i = 0; i < 3; i++) expect((await fetch(`${limited.url}/v1/health`)).status).toBe(200)
-    const over = await fetch(`${limited.url}/v1/health`)
+    const url = `${limited.url}/t/items/a/parts/b`
+    for (let i = 0; i < 3; i++) expect((await fetch(url)).status).toBe(200)
+    const over = await fetch(url)
     expect(over.status).toBe(429)
     expect(await jsonOf(over)).toEqual({ code: "rate_limited", error: "too many requests; retry later" })
     expect(Number(over.headers.get("retry-after"))).toBe(100)
+    // A path without a route takes from the same bucket: refused before it is looked up.
+    expect((await fetch(`${limited.url}/v1/nope`)).status).toBe(429)
     const keyed = { headers: { authorization: "Bearer hgr_a" } }
-    for (let i = 0; i < 3; i++) expect((await fetch(`${limited.url}/v1/health`, keyed)).status).toBe(200)
-    expect((await fetch(`${limited.url}/v1/health`, keyed)).status).toBe(429)
-    expect(
-      (await fetch(`${limited.url}/v1/health`, { headers: { authorization: "Bearer hgr_b" } })).status,
-    ).toBe(200)
+    for (let i = 0; i < 3; i++) expect((await fetch(url, keyed)).status).toBe(200)
+    expect((await fetch(url, keyed)).status).toBe(429)
+    expect((await fetch(url, { headers: { authorization: "Bearer hgr_b" } })).status).toBe(200)
+  })
+
+  it("health is never refused: a load balancer's probes share their address with the traffic it forwards", async () => {
+    const own = await start({ perSecond: 0.01, burst: 2 })
+    const health = async () => {
+      const res = await fetch(`${own.url}/v1/health`)
+      expect(res.status).toBe(200)
+      expect(await jsonOf(res)).toEqual({ status: "ok" })
+    }
+    try {
+      // Past the burst, and taking no token: the address's two are still there for other routes.
+      for (let i = 0; i < 5; i++) await health()
+      for (let i = 0; i < 2; i++) expect((await fetch(`${own.url}/t/items/a/parts/b`)).status).toBe(200)
+      expect((await fetch(`${own.url}/t/items/a/parts/b`)).status).toBe(429)
+      // And with the address's bucket empty.
+      for (let i = 0; i < 5; i++) await health()
+    } finally {
+      await own.close()
+    }
   })
 })

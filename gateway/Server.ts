@@ -26,7 +26,7 @@ import { ApiError } from "../schema/Errors.ts"
 import * as AccessLog from "./AccessLog.ts"
 import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
 import { keyOf, RateLimit } from "./RateLimit.ts"
-import { parseQuery, readHeaders, requestIdOf } from "./Request.ts"
+import { parseQuery, type Request, readHeaders, requestIdOf } from "./Request.ts"
 import type { Reply } from "./Response.ts"
 import { abort, Exchange, error as errorReply, json, writeStream, writeWhole } from "./Response.ts"
 import * as Router from "./Router.ts"
@@ -112,6 +112,59 @@ const replyForCause = (cause: Cause.Cause<unknown>, reachable: () => boolean): E
   return Effect.as(Effect.logError("request failed", cause), errorReply(internalError))
 }
 
+/**
+ * One request, from uWS's callback to its access line. A class, not closures made per request:
+ * those would each be named at run time under tsx (esbuild's `keepNames`), a cost per request.
+ */
+class Call {
+  readonly started = performance.now()
+  readonly ex: Exchange
+  /** The route pattern that matched (`-` for none), as the access line names it. */
+  route = "-"
+  /** The handler's fiber while it runs (a client abort interrupts it). */
+  fiber: Fiber.RuntimeFiber<void, unknown> | undefined = undefined
+  constructor(
+    requestId: string,
+    readonly method: string,
+    private readonly accessLog: AccessLog.AccessLog,
+  ) {
+    this.ex = new Exchange(requestId)
+  }
+
+  logAccess(): void {
+    const ex = this.ex
+    this.accessLog({
+      request_id: ex.requestId,
+      method: this.method,
+      route: this.route,
+      status: ex.aborted && ex.status === 0 ? 499 : ex.status,
+      ms: Math.round((performance.now() - this.started) * 100) / 100,
+      bytes: ex.bytes,
+      ...(ex.aborted ? { aborted: true as const } : {}),
+    })
+  }
+}
+
+function requestOf(
+  method: string,
+  path: string,
+  route: string,
+  params: Record<string, string>,
+  query: unknown,
+  body: unknown,
+  headers: Readonly<Record<string, string>>,
+  ex: Exchange,
+): Request<Record<string, string>, unknown, unknown> {
+  return { method, path, route, params, query, body, headers, requestId: ex.requestId }
+}
+
+// The peer's address, asked of uWS only for a request without a bearer token (its rate limit
+// key), and in its binary form (4 or 16 bytes, one character each), which uWS makes faster than
+// the text: a few µs a request either way.
+function remoteAddressOf(res: uWS.HttpResponse): string {
+  return String.fromCharCode.apply(null, new Uint8Array(res.getRemoteAddress()) as unknown as number[])
+}
+
 /** Starts the server for `routes`, listening until the layer's scope closes. */
 export const make = <R>(
   routes: ReadonlyArray<Router.Route<R>>,
@@ -147,28 +200,27 @@ export const make = <R>(
     }
 
     const handle = (res: uWS.HttpResponse, req: uWS.HttpRequest): void => {
-      const started = performance.now()
-      let fiber: Fiber.RuntimeFiber<void, unknown> | undefined
-      let exchange: Exchange | undefined
-      res.onAborted(() => {
-        // Our own close (a stream that failed midway) also lands here: that fiber has work left.
-        if (!exchange || exchange.ended) return
-        exchange.aborted = true
-        fiber?.unsafeInterruptAsFork(FiberId.none)
-      })
       const headers = readHeaders(req)
       const method = req.getMethod().toUpperCase()
       const path = req.getUrl()
       const rawQuery = req.getQuery() ?? ""
-      const ex = new Exchange(requestIdOf(headers["x-request-id"]))
-      exchange = ex
-      const remoteAddress = Buffer.from(res.getRemoteAddressAsText()).toString()
+      const call = new Call(requestIdOf(headers["x-request-id"]), method, accessLog)
+      const ex = call.ex
+      res.onAborted(() => {
+        // Our own close (a stream that failed midway) also lands here: that fiber has work left.
+        if (ex.ended) return
+        ex.aborted = true
+        call.fiber?.unsafeInterruptAsFork(FiberId.none)
+      })
       const match = router.match(method, path)
 
       // Decided before the fiber starts, because onData must be attached now or never.
       let early: Reply | undefined
       let body: BodySource | undefined
-      const retryAfter = rateLimit.take(keyOf(headers.authorization, remoteAddress))
+      const retryAfter =
+        match._tag === "Found" && match.route.unlimited
+          ? 0
+          : rateLimit.take(keyOf(headers.authorization, () => remoteAddressOf(res)))
       if (retryAfter > 0) {
         early = errorReply(ApiError.rateLimited(), { "retry-after": String(retryAfter) })
       } else if (match._tag === "NotFound") {
@@ -189,49 +241,39 @@ export const make = <R>(
         }
       }
 
-      const routeName = match._tag === "Found" ? match.route.path : "-"
-      const logAccess = () =>
-        accessLog(ex.requestId, {
-          method,
-          route: routeName,
-          status: ex.aborted && ex.status === 0 ? 499 : ex.status,
-          ms: Math.round((performance.now() - started) * 100) / 100,
-          bytes: ex.bytes,
-          ...(ex.aborted ? { aborted: true as const } : {}),
-        })
       // Refusals decided above, and answers a route has in memory (`Route.now`), are written here
       // and now: no fiber, and the connection's next request is read sooner.
       if (early !== undefined) {
         if (early._tag !== "Stream") writeWhole(res, ex, early)
-        logAccess()
+        call.logAccess()
         return
       }
       if (match._tag !== "Found") return
       const r = match.route
+      call.route = r.path
       const c = compiled.get(r)!
-      const requestOf = (query: unknown, value: unknown) => ({
-        method,
-        path,
-        route: r.path,
-        params: match.params,
-        query,
-        body: value,
-        headers,
-        requestId: ex.requestId,
-        remoteAddress,
-      })
 
       let defect: { readonly cause: unknown } | undefined
       if (r.now !== undefined && body === undefined && c.query === undefined) {
         let reply: Reply | undefined
         try {
-          reply = r.now(requestOf(parseQuery(rawQuery), undefined), context)
+          const request = requestOf(
+            method,
+            path,
+            r.path,
+            match.params,
+            parseQuery(rawQuery),
+            undefined,
+            headers,
+            ex,
+          )
+          reply = r.now(request, context)
         } catch (cause) {
           defect = { cause }
         }
         if (reply !== undefined && reply._tag !== "Stream") {
           writeWhole(res, ex, reply)
-          logAccess()
+          call.logAccess()
           return
         }
       }
@@ -246,7 +288,9 @@ export const make = <R>(
                 : c.body
                   ? yield* Effect.flatMap(body!.readAll, (bytes) => c.body!(text.decode(bytes)))
                   : undefined
-              return yield* r.handler(requestOf(query, value))
+              return yield* r.handler(
+                requestOf(method, path, r.path, match.params, query, value, headers, ex),
+              )
             })
 
       // Written from the fiber. A stream failing midway has closed the connection; it is logged.
@@ -269,13 +313,13 @@ export const make = <R>(
           Effect.sync(() => {
             // Interrupted without a client abort (shutdown): close rather than leave it hanging.
             if (ex.open) abort(res, ex)
-            logAccess()
+            call.logAccess()
           }),
         ),
         Effect.annotateLogs("request_id", ex.requestId),
       )
-      fiber = run(full, { immediate: true })
-      if (fiber.unsafePoll() !== null) fiber = undefined
+      const fiber = run(full, { immediate: true })
+      if (fiber.unsafePoll() === null) call.fiber = fiber
     }
 
     const app = uWS.App()
