@@ -2,7 +2,7 @@
  * Account key tokens: `hgr_` and 32 random bytes in base64url (43 characters). Only the SHA-256
  * (hex) of the whole token is stored; the token itself is shown once, at creation.
  */
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto"
+import { createHash, randomBytes } from "node:crypto"
 
 /** The prefix every key token starts with. */
 export const tokenPrefix = "hgr_"
@@ -29,9 +29,14 @@ export const hashToken = (token: string): string => {
   return lastHash
 }
 
-/** Compares two hashes in constant time (same length assumed; different lengths are unequal). */
+/**
+ * Compares two hashes in time that does not depend on where they differ (different lengths are
+ * unequal). On the strings themselves: two buffers made for `timingSafeEqual` cost a request more
+ * than the rest of its key check.
+ */
 export const sameHash = (a: string, b: string): boolean => {
-  const x = Buffer.from(a)
-  const y = Buffer.from(b)
-  return x.length === y.length && timingSafeEqual(x, y)
+  if (a.length !== b.length) return false
+  let diff = 0
+  for (let i = 0; i < a.length; i++) diff |= a.charCodeAt(i) ^ b.charCodeAt(i)
+  return diff === 0
 }

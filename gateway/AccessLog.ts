@@ -5,7 +5,7 @@
  * with its minimum level, annotations and clock: what `Effect.logInfo("request", fields)` writes
  * from a fiber of that runtime, `request_id` among the fields.
  */
-import { Cause, Effect, FiberId, FiberRef, FiberRefs, LogLevel } from "effect"
+import { Cause, Effect, FiberId, FiberRef, FiberRefs, Logger, LogLevel } from "effect"
 
 /** The fields of an access line. */
 export interface AccessFields {
@@ -25,7 +25,10 @@ export type AccessLog = (fields: AccessFields) => void
 export const make: Effect.Effect<AccessLog> = Effect.gen(function* () {
   const refs = yield* Effect.getFiberRefs
   const clock = yield* Effect.clock
-  const loggers = FiberRefs.getOrDefault(refs, FiberRef.currentLoggers)
+  // Not the tracer's logger, which adds a line to the fiber's current span: there is no fiber.
+  const loggers = [...FiberRefs.getOrDefault(refs, FiberRef.currentLoggers)].filter(
+    (l) => l !== Logger.tracerLogger,
+  )
   const annotations = FiberRefs.getOrDefault(refs, FiberRef.currentLogAnnotations)
   const spans = FiberRefs.getOrDefault(refs, FiberRef.currentLogSpan)
   const minimum = FiberRefs.getOrDefault(refs, FiberRef.currentMinimumLogLevel)

@@ -7,16 +7,17 @@
  * actors role is down or starting).
  */
 import { Context, Effect, Option, Schema } from "effect"
-import { Accounts, computeRate } from "../../core/Accounts.ts"
+import { type AccountRecord, Accounts, computeRate } from "../../core/Accounts.ts"
 import * as Client from "../../core/actors/AccountClient.ts"
+import type { Role } from "../../schema/Account.ts"
 import type { BalanceReply } from "../../schema/actors/Account.ts"
 import { ApiError } from "../../schema/Errors.ts"
 import { UserId } from "../../schema/Ids.ts"
 import type { AccountPerson } from "../auth/Access.ts"
 import { KeyCache } from "../auth/KeyCache.ts"
 import { authRoute } from "../auth/Route.ts"
-import { json } from "../Response.ts"
-import { AccountStates } from "./States.ts"
+import { json, type Reply } from "../Response.ts"
+import { AccountStates, type Shown } from "./States.ts"
 import { apiBalance } from "./Usage.ts"
 
 const isUserId = Schema.is(UserId)
@@ -37,6 +38,14 @@ const accountReply = (principal: AccountPerson, balance: BalanceReply, key: Opti
     compute_rate_usd_nanos_per_gib_hour: computeRate,
   })
 }
+
+// The answer last made from each shown state, with the account record and role it was made for.
+// The caches hold one object per stored value, so the same objects are the same answer: a steady
+// account's answer is serialized once, not on every request.
+const answered = new WeakMap<
+  Shown,
+  { readonly account: AccountRecord; readonly role: Role; readonly reply: Reply }
+>()
 
 /** The account and membership routes. */
 export const routes = [
@@ -69,7 +78,12 @@ export const routes = [
     now: ({ principal }, services) => {
       const shown = Context.get(services, AccountStates).now(principal.account.id)
       if (shown === undefined || shown.webhookKey === undefined) return undefined
-      return accountReply(principal, shown.balance, Option.some(shown.webhookKey))
+      const last = answered.get(shown)
+      if (last !== undefined && last.account === principal.account && last.role === principal.role)
+        return last.reply
+      const reply = accountReply(principal, shown.balance, Option.some(shown.webhookKey))
+      answered.set(shown, { account: principal.account, role: principal.role, reply })
+      return reply
     },
   }),
   authRoute({

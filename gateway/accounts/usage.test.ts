@@ -29,6 +29,7 @@ let account: AccountRecord
 let owner: Record<string, string>
 let env: NodeJS.ProcessEnv
 let prefix: string
+let keyFile: string
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies are inspected loosely
 type Json = any
@@ -55,7 +56,7 @@ const credit = (...args: Array<string>) => admin("credit", ...args)
 beforeAll(async () => {
   nats = await startNatsServer()
   dir = await mkdtemp(join(tmpdir(), "hangar-usage-"))
-  const keyFile = join(dir, "issuer.key")
+  keyFile = join(dir, "issuer.key")
   prefix = uniquePrefix()
   env = { ...process.env, HANGAR_NATS_URL: nats.url, HANGAR_STORAGE_PREFIX: prefix, HANGAR_DATA_DIR: dir }
   gateway = await startGateway(routes, { natsUrl: nats.url, prefix, keyFile })
@@ -98,6 +99,44 @@ describe("usage, balance and webhook key", () => {
     expect(me.status).toBe(200)
     expect(me.body.webhook_public_key).toBe(keys.body.keys[0])
     expect((await get("/v1/webhooks/public-key")).body).toEqual(keys.body)
+  })
+
+  it("GET /v1/account answers each person with their own role, and the account as it is now", async () => {
+    // A member beside the owner, in through an invite as a person would be.
+    const ownerUser = (await run(gateway.accounts.ensureUser("owner@example.com"))).user
+    await run(gateway.accounts.invite(account, "member@example.com", "member", ownerUser))
+    await run(
+      gateway.accounts.acceptInvite(account.id, await run(gateway.accounts.ensureUser("member@example.com"))),
+    )
+    const member = {
+      authorization: `Bearer ${await personToken(keyFile, "member@example.com")}`,
+      "service-account": account.id,
+    }
+    await expect.poll(async () => (await get("/v1/account", member)).status).toBe(200)
+    // In turn, and each twice: an answer kept for one is never the other's.
+    for (const [who, role] of [
+      [owner, "owner"],
+      [member, "member"],
+      [member, "member"],
+      [owner, "owner"],
+      [owner, "owner"],
+      [member, "member"],
+    ] as const) {
+      const me = await get("/v1/account", who)
+      expect(me.status).toBe(200)
+      expect(me.body).toMatchObject({ id: account.id, state: "active", role })
+      expect(me.body.webhook_public_key).toMatch(/^whpk_/)
+    }
+    // A change to the account is in the next answers, for both.
+    await run(gateway.accounts.setState(account.id, "suspended"))
+    try {
+      await expect.poll(async () => (await get("/v1/account")).body.state).toBe("suspended")
+      expect((await get("/v1/account", member)).body).toMatchObject({ state: "suspended", role: "member" })
+      expect((await get("/v1/account")).body).toMatchObject({ state: "suspended", role: "owner" })
+    } finally {
+      await run(gateway.accounts.setState(account.id, "active"))
+    }
+    await expect.poll(async () => (await get("/v1/account")).body.state).toBe("active")
   })
 
   it("create-account --credit-usd makes the account with one adjustment entry; a bad amount makes nothing", async () => {

@@ -23,6 +23,26 @@ export type AuthedRequest<P, B, A extends Access> = Request<P, B, RawQuery> & {
   readonly principal: PrincipalFor<A>
 }
 
+/**
+ * The request with its body and principal, made field by field: a spread of the request costs more
+ * than the rest of a request answered from memory (about 1.5 µs).
+ */
+const authed = <P, B, A extends Access>(
+  request: Request<P, unknown, RawQuery>,
+  body: B,
+  principal: PrincipalFor<A>,
+): AuthedRequest<P, B, A> => ({
+  method: request.method,
+  path: request.path,
+  route: request.route,
+  params: request.params,
+  query: request.query,
+  body,
+  headers: request.headers,
+  requestId: request.requestId,
+  principal,
+})
+
 /** A route with its access label, as the server and the authorization matrix see it. */
 export type AuthRoute<R> = Route<R | Auth | Nats | Storage> & {
   readonly access: Access
@@ -73,11 +93,7 @@ export const authRoute = <
           method: request.method,
         })
         const body = decode ? yield* decode(request.body) : (undefined as B)
-        const handled = spec.handler({
-          ...request,
-          body: body as B,
-          principal: principal as PrincipalFor<A>,
-        })
+        const handled = spec.handler(authed(request, body as B, principal as PrincipalFor<A>))
         // Who may reuse an Idempotency-Key: the same credential (a key, or a person) in the same
         // account, so a narrower key never gets the kept answer of a wider one.
         const scope =
@@ -107,7 +123,7 @@ export const authRoute = <
     if (principal === undefined) return undefined
     if (principal instanceof ApiError) return errorReply(principal)
     return handlerNow?.(
-      { ...request, body: undefined, principal: principal as PrincipalFor<A> },
+      authed(request, undefined, principal as PrincipalFor<A>),
       services as Context.Context<R | Auth | Nats | Storage>,
     )
   }
