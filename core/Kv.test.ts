@@ -256,6 +256,50 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect(
+    "a value decoded is kept by its text, for every reader of the schema; a changed or refused one is not",
+    () =>
+      Effect.gen(function* () {
+        const storage = yield* Storage
+        // A schema of this test alone, so what other tests decode does not push its values out.
+        const Note = Schema.Struct({ text: Schema.String })
+        const kv = yield* Kv.make(storage.names.kv.actors.name, Note)
+        const raw = yield* Kv.make(storage.names.kv.actors.name, Schema.Unknown)
+        const key = uniqueName("kept")
+        const valueOf = Effect.map(kv.get(key), (e) => Option.getOrThrow(e).value)
+        yield* kv.put(key, { text: "one" })
+        const first = yield* valueOf
+        expect(first).toEqual({ text: "one" })
+        // The same text: the same value, not decoded again.
+        expect(yield* valueOf).toBe(first)
+        yield* kv.put(key, { text: "two" })
+        expect(yield* valueOf).toEqual({ text: "two" })
+        // Back to the first text: the value kept for it.
+        yield* kv.put(key, { text: "one" })
+        expect(yield* valueOf).toBe(first)
+        // A text the schema refuses is refused every time.
+        yield* raw.put(key, { text: 1 })
+        expect((yield* kv.get(key).pipe(Effect.flip))._tag).toBe("KvValueInvalid")
+        expect((yield* kv.get(key).pipe(Effect.flip))._tag).toBe("KvValueInvalid")
+        // A long text is decoded each time (not kept), and correctly.
+        const long = "x".repeat(Kv.DECODED_KEPT_CHARS)
+        yield* kv.put(key, { text: long })
+        const once = yield* valueOf
+        expect(once).toEqual({ text: long })
+        expect(yield* valueOf).not.toBe(once)
+        expect(yield* valueOf).toEqual(once)
+        // The oldest goes first: after DECODED_KEPT other texts, the first is decoded afresh.
+        for (let i = 0; i < Kv.DECODED_KEPT; i++) {
+          yield* kv.put(key, { text: `other ${i}` })
+          yield* valueOf
+        }
+        yield* kv.put(key, { text: "one" })
+        const again = yield* valueOf
+        expect(again).toEqual(first)
+        expect(again).not.toBe(first)
+      }),
+  )
+
   it.scoped("watch delivers every change after subscription, in revision order", () =>
     Effect.gen(function* () {
       const kv = yield* actors

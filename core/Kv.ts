@@ -372,17 +372,40 @@ interface Codecs {
   readonly decodeJson: (text: string) => Either.Either<unknown, ParseError>
 }
 
+/** How many decoded values each schema's codecs keep, by their text, and the longest text kept. */
+export const DECODED_KEPT = 256
+export const DECODED_KEPT_CHARS = 16_384
+
 // Typed views are made freely (per request, per handler run); compiling a schema's JSON codecs is
 // what costs (a third of a millisecond for a command record), so it happens once per schema.
 // Synchronous codecs: our schemas have no async parts, and the `Either` forms take no fiber steps.
+//
+// A value decoded is kept by its text, the last `DECODED_KEPT` per schema, for texts of at most
+// `DECODED_KEPT_CHARS` (so at most about 8 MB a schema). One process has several readers of a
+// write (with every role in it: the gateway waiting on a command, the host's feed, the run actor),
+// and decoding a command record costs 20–130 µs: `bench/runs.ts` saw about a third of its decodes
+// answered from here. Decoding is a function of the text, so the kept value is what decoding would
+// give; it is shared between readers, which never change what they read (the types are readonly).
 const compiled = new WeakMap<Schema.Schema.Any, Codecs>()
 const codecsOf = <A, I>(schema: Schema.Schema<A, I>) => {
   let codecs = compiled.get(schema)
   if (codecs === undefined) {
     const json = Schema.parseJson(schema)
+    const decode = Schema.decodeEither(json)
+    const kept = new Map<string, unknown>()
     codecs = {
       encodeJson: Schema.encodeEither(json) as Codecs["encodeJson"],
-      decodeJson: Schema.decodeEither(json),
+      decodeJson: (text) => {
+        const keep = text.length <= DECODED_KEPT_CHARS
+        const known = keep ? kept.get(text) : undefined
+        if (known !== undefined) return Either.right(known)
+        const decoded = decode(text)
+        if (keep && Either.isRight(decoded) && decoded.right !== undefined) {
+          if (kept.size >= DECODED_KEPT) kept.delete(kept.keys().next().value as string)
+          kept.set(text, decoded.right)
+        }
+        return decoded
+      },
     }
     compiled.set(schema, codecs)
   }
