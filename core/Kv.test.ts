@@ -266,35 +266,35 @@ layer(layerAll())("Kv", (it) => {
         const kv = yield* Kv.make(storage.names.kv.actors.name, Note)
         const raw = yield* Kv.make(storage.names.kv.actors.name, Schema.Unknown)
         const key = uniqueName("kept")
-        const valueOf = Effect.map(kv.get(key), (e) => Option.getOrThrow(e).value)
+        const stored = Effect.map(kv.get(key), (e) => Option.getOrThrow(e).value)
         yield* kv.put(key, { text: "one" })
-        const first = yield* valueOf
+        const first = yield* stored
         expect(first).toEqual({ text: "one" })
         // The same text: the same value, not decoded again.
-        expect(yield* valueOf).toBe(first)
+        expect(yield* stored).toBe(first)
         yield* kv.put(key, { text: "two" })
-        expect(yield* valueOf).toEqual({ text: "two" })
+        expect(yield* stored).toEqual({ text: "two" })
         // Back to the first text: the value kept for it.
         yield* kv.put(key, { text: "one" })
-        expect(yield* valueOf).toBe(first)
+        expect(yield* stored).toBe(first)
         // A text the schema refuses is refused every time.
         yield* raw.put(key, { text: 1 })
         expect((yield* kv.get(key).pipe(Effect.flip))._tag).toBe("KvValueInvalid")
         expect((yield* kv.get(key).pipe(Effect.flip))._tag).toBe("KvValueInvalid")
-        // A long text is decoded each time (not kept), and correctly.
-        const long = "x".repeat(Kv.DECODED_KEPT_CHARS)
-        yield* kv.put(key, { text: long })
-        const once = yield* valueOf
-        expect(once).toEqual({ text: long })
-        expect(yield* valueOf).not.toBe(once)
-        expect(yield* valueOf).toEqual(once)
+        // A longText text is decoded each time (not kept), and correctly.
+        const longText = "x".repeat(Kv.DECODED_KEPT_CHARS)
+        yield* kv.put(key, { text: longText })
+        const once = yield* stored
+        expect(once).toEqual({ text: longText })
+        expect(yield* stored).not.toBe(once)
+        expect(yield* stored).toEqual(once)
         // The oldest goes first: after DECODED_KEPT other texts, the first is decoded afresh.
         for (let i = 0; i < Kv.DECODED_KEPT; i++) {
           yield* kv.put(key, { text: `other ${i}` })
-          yield* valueOf
+          yield* stored
         }
         yield* kv.put(key, { text: "one" })
-        const again = yield* valueOf
+        const again = yield* stored
         expect(again).toEqual(first)
         expect(again).not.toBe(first)
       }),
