@@ -543,6 +543,11 @@ describe("rate limits", () => {
     expect(over.status).toBe(429)
     expect(await jsonOf(over)).toEqual({ code: "rate_limited", error: "too many requests; retry later" })
     expect(Number(over.headers.get("retry-after"))).toBe(100)
+    // Its access line names the route it was refused.
+    const refused = limited.lines
+      .map((l) => JSON.parse(l))
+      .filter((l) => l.msg === "request" && l.status === 429)
+    expect(refused).toEqual([expect.objectContaining({ method: "GET", route: "/t/items/:id/parts/:pid" })])
     // A path without a route takes from the same bucket: refused before it is looked up.
     expect((await fetch(`${limited.url}/v1/nope`)).status).toBe(429)
     const keyed = { headers: { authorization: "Bearer hgr_a" } }

@@ -213,6 +213,7 @@ export const make = <R>(
         call.fiber?.unsafeInterruptAsFork(FiberId.none)
       })
       const match = router.match(method, path)
+      if (match._tag === "Found") call.route = match.route.path
 
       // Decided before the fiber starts, because onData must be attached now or never.
       let early: Reply | undefined
@@ -250,7 +251,6 @@ export const make = <R>(
       }
       if (match._tag !== "Found") return
       const r = match.route
-      call.route = r.path
       const c = compiled.get(r)!
 
       let defect: { readonly cause: unknown } | undefined
