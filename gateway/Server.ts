@@ -3,9 +3,10 @@
  * through the route table and runs the handler as an Effect fiber on the layer's runtime.
  *
  * Per request, synchronously inside uWS's callback (uWS's `HttpRequest` dies when it returns):
- * `onAborted` is registered first, headers/path/query are copied, the rate limit is taken, the
- * route is matched and, for routes with a body, `onData` is attached. Then a fiber runs decode →
- * handler → write. A client abort interrupts that fiber; nothing is written afterwards.
+ * headers/path/query are copied, `onAborted` is registered, the route is matched, the rate limit
+ * is taken (not for `unlimited` routes) and, for routes with a body, `onData` is attached. A route
+ * with an answer in memory (`Route.now`) is answered there and then; otherwise a fiber runs decode
+ * → handler → write. A client abort interrupts that fiber; nothing is written afterwards.
  *
  * Every error leaves as `{error, code}` with the status of `schema/Errors.ts`. An `ApiError`
  * keeps its code; any other failure or defect becomes `500 internal` with a fixed message, and the
