@@ -1,6 +1,6 @@
-import { Effect, Redacted } from "effect"
+import { Cause, Effect, FiberId, FiberRefs, HashMap, List, LogLevel, Redacted } from "effect"
 import { describe, expect, it } from "vitest"
-import { layerCollect } from "./Log.ts"
+import { layerCollect, render } from "./Log.ts"
 
 const canary = "sk-canary-5f1d2c"
 
@@ -65,6 +65,27 @@ describe("JSON logger", () => {
       expect(() => JSON.parse(line)).not.toThrow()
     }
     expect(lines.join("\n")).toContain("<redacted>")
+  })
+
+  it("each line has its own time, to the millisecond, whatever came before it", () => {
+    // The time's text is kept for the millisecond of the line before: the same, later and earlier
+    // times, each rendered as its own.
+    const at = (ms: number) =>
+      JSON.parse(
+        render({
+          fiberId: FiberId.none,
+          logLevel: LogLevel.Info,
+          message: "tick",
+          cause: Cause.empty,
+          context: FiberRefs.empty(),
+          spans: List.empty(),
+          annotations: HashMap.empty(),
+          date: new Date(ms),
+        }),
+      ).at
+    const base = Date.parse("2026-11-27T05:00:00.000Z")
+    for (const ms of [base, base, base + 1, base + 1, base, base + 86_400_000, base + 999, base])
+      expect(at(ms)).toBe(new Date(ms).toISOString())
   })
 
   it("survives cycles and binary values", () => {
