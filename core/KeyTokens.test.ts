@@ -22,5 +22,8 @@ describe("key tokens", () => {
     expect(hashToken("")).toBe("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
     expect(sameHash(first[0]!, hashToken(tokens[0]!))).toBe(true)
     expect(sameHash(first[0]!, first[1]!)).toBe(false)
+    // Differing only in the last character, or one a prefix of the other.
+    expect(sameHash(first[0]!, `${first[0]!.slice(0, -1)}${first[0]!.endsWith("0") ? "1" : "0"}`)).toBe(false)
+    expect(sameHash(first[0]!, first[0]!.slice(0, -1))).toBe(false)
   })
 })

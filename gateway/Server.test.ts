@@ -556,6 +556,32 @@ describe("rate limits", () => {
     expect((await fetch(url, { headers: { authorization: "Bearer hgr_b" } })).status).toBe(200)
   })
 
+  it("without a token, each client address has its own bucket", async () => {
+    const own = await start({ perSecond: 0.01, burst: 2 })
+    // From another loopback address: Linux answers all of 127/8 on `lo`.
+    const from = (localAddress: string) =>
+      new Promise<number>((resolve, reject) => {
+        const url = new URL(`${own.url}/t/items/a/parts/b`)
+        http
+          .get(
+            { host: url.hostname, port: url.port, path: url.pathname, localAddress, agent: false },
+            (res) => {
+              res.resume()
+              res.on("end", () => resolve(res.statusCode ?? 0))
+            },
+          )
+          .on("error", reject)
+      })
+    try {
+      for (let i = 0; i < 2; i++) expect(await from("127.0.0.1")).toBe(200)
+      expect(await from("127.0.0.1")).toBe(429)
+      for (let i = 0; i < 2; i++) expect(await from("127.0.0.2")).toBe(200)
+      expect(await from("127.0.0.2")).toBe(429)
+    } finally {
+      await own.close()
+    }
+  })
+
   it("health is never refused: a load balancer's probes share their address with the traffic it forwards", async () => {
     const own = await start({ perSecond: 0.01, burst: 2 })
     const health = async () => {
