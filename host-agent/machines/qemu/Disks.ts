@@ -72,6 +72,9 @@ export const overlay = (path: string, base: string) =>
 /**
  * An ext4 disk of `bytes` at `path` (sparse: only what is written takes space), empty or holding a
  * copy of the folder `seed`, its root owned by `owner` (a machine's root on the host) when given.
+ * Without the resize inode: it reserves room to grow the filesystem 1,024 times while mounted, which
+ * a machine's disk never does (its size is its machine's), and mkfs wrote and synced 4 MiB of it on
+ * every start (a 16 GiB disk: 36 → 10 ms, 1,079 → 53 writes).
  */
 export const workspace = async (
   path: string,
@@ -81,7 +84,7 @@ export const workspace = async (
   sparseFile(path, bytes)
   await mkfs(
     path,
-    ["-L", "workspace", ...(options.seed === undefined ? [] : ["-d", options.seed])],
+    ["-L", "workspace", "-O", "^resize_inode", ...(options.seed === undefined ? [] : ["-d", options.seed])],
     options.owner === undefined ? [] : [`root_owner=${options.owner}:${options.owner}`],
   )
 }
