@@ -47,6 +47,53 @@ const withMachine = <A>(
     ),
   )
 
+/** The cgroup2 mounts of this process's view: each one's folder, own options and superblock options. */
+const cgroup2Mounts = () =>
+  readFileSync("/proc/self/mountinfo", "utf8")
+    .split("\n")
+    .filter((l) => l.includes(" - cgroup2 "))
+    .map((l) => {
+      const [before = "", after = ""] = l.split(" - ")
+      const fields = before.split(" ")
+      return { point: fields[4], own: fields[5], super: new Set((after.split(" ")[2] ?? "").split(",")) }
+    })
+
+describe("the host's cgroups favor dynamic changes", () => {
+  it("remounts each writable cgroup2 mount without favordynmods, keeping its superblock options, and no other", () => {
+    const info = [
+      "25 1 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - tmpfs tmpfs rw,mode=755",
+      "26 25 0:23 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup rw,memory",
+      "41 25 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
+      "42 1 0:39 / /srv/cg\\040two rw shared:11 master:2 - cgroup2 none rw,nsdelegate,memory_recursiveprot",
+      "43 1 0:40 / /srv/favoring rw - cgroup2 cgroup2 rw,nsdelegate,favordynmods",
+      "44 1 0:41 / /srv/read-only ro,relatime - cgroup2 cgroup2 rw",
+      "45 1 0:42 / /srv/read-only-super rw,relatime - cgroup2 cgroup2 ro,nsdelegate",
+      "",
+    ].join("\n")
+    expect(Cgroups.toFavorDynmods(info)).toEqual([
+      { mountPoint: "/sys/fs/cgroup/unified", options: "remount,favordynmods" },
+      { mountPoint: "/srv/cg two", options: "remount,nsdelegate,memory_recursiveprot,favordynmods" },
+    ])
+    expect(Cgroups.toFavorDynmods("")).toEqual([])
+  })
+
+  it("has turned it on once a machine is made, the mount's other options as they were", async () => {
+    const before = cgroup2Mounts()
+    await withMachine(spec("favor"), async (m) => {
+      expect((await m.bash("true")).exit_code).toBe(0)
+    })
+    const after = cgroup2Mounts()
+    // A host without cgroup2 has nothing to turn on; this one has its hybrid layout's `unified`.
+    expect(after.length).toBeGreaterThan(0)
+    expect(after.map((m) => m.point)).toEqual(before.map((m) => m.point))
+    expect(after.some((m) => m.super.has("favordynmods"))).toBe(true)
+    for (const [i, m] of after.entries()) {
+      expect(m.own).toBe(before[i]?.own)
+      for (const o of before[i]?.super ?? []) expect(m.super.has(o), `${m.point}: ${o}`).toBe(true)
+    }
+  })
+})
+
 describe("cores of a machine", () => {
   it("pins a machine smaller than the host to the least used cores, and a large one to none", () => {
     expect(cpusOf(1, [], 2)).toBe("0")

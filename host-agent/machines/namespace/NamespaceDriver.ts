@@ -353,6 +353,8 @@ const createNow = async (
   // The machine's network rules, placed while its disk and container are made (they match its
   // interface by name); awaited before its first program starts, and before any cleanup.
   let rules: Promise<void> | undefined
+  // Once per process, while the disk is made; awaited before crun puts the machine in its groups.
+  const favored = Cgroups.favorDynamicChanges()
   try {
     // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
     await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
@@ -378,20 +380,10 @@ const createNow = async (
     const seeded = seed(dir, hostId, spec, net.guestAddress)
     await Disks.workspace(image, limits.diskBytes, { seed: seeded, owner: hostId })
     rmSync(seeded, { recursive: true, force: true })
-    const loop = (await run("losetup", ["--find", "--show", image])).trim()
 
+    // The disk's throttle is set once `machine-root.pl` has put it on a loop device (below).
     step = "cgroups"
-    const device = await Cgroups.deviceOf(loop)
-    await Cgroups.make(s.cgroupRoot, spec.id, {
-      ...limits,
-      pids: hostLimits(s).pidsMax,
-      guestOwner: hostId,
-      disk: {
-        device,
-        bytesPerSecond: limits.vcpus * s.diskBytesPerSecondPerVcpu,
-        opsPerSecond: limits.vcpus * s.diskOpsPerSecondPerVcpu,
-      },
-    })
+    await Cgroups.make(s.cgroupRoot, spec.id, { ...limits, pids: hostLimits(s).pidsMax, guestOwner: hostId })
 
     step = "container"
     const cpus = cpusOf(limits.vcpus, pinnedNow(s))
@@ -413,11 +405,12 @@ const createNow = async (
         }),
       ),
     )
+    await favored
     const code = await launch(
       "unshare",
       [
         ...["--mount", "--propagation", "private", "perl", machineRoot],
-        ...[dir, loop, spec.base, String(hostId), String(Oci.ID_COUNT), s.crun, crunRoot(s), spec.id],
+        ...[dir, image, spec.base, String(hostId), String(Oci.ID_COUNT), s.crun, crunRoot(s), spec.id],
       ],
       { log: join(dir, "machine.log"), env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" } },
     )
@@ -426,6 +419,13 @@ const createNow = async (
         `the container was not created: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
       )
     const pid = Number(readFileSync(join(dir, "pid"), "utf8").trim())
+
+    step = "disk throttle"
+    Cgroups.throttleDisk(s.cgroupRoot, spec.id, {
+      device: Cgroups.deviceOf(readFileSync(join(dir, "loop"), "utf8").trim()),
+      bytesPerSecond: limits.vcpus * s.diskBytesPerSecondPerVcpu,
+      opsPerSecond: limits.vcpus * s.diskOpsPerSecondPerVcpu,
+    })
 
     // The container made its network namespace (owned by its user namespace, so its sysfs shows
     // its own interfaces only); the veth goes into it before its first program starts.
@@ -445,7 +445,7 @@ const createNow = async (
         const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)
       }
-      await sleep(3)
+      await sleep(1)
     }
     return {
       id: spec.id,

@@ -2,16 +2,18 @@
 # Mounts a machine's root and has crun create its container, in the private mount namespace
 # `unshare --mount --propagation private` made for it:
 #
-#   machine-root.pl DIR LOOP BASE HOST_ID COUNT CRUN CRUN_ROOT ID
+#   machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN CRUN_ROOT ID
 #
 # In DIR (the machine's folder; relative paths from here on, so the guest's mountinfo names no host
 # folder): hides the cgroup v2 part of a hybrid layout (crun refuses one whose v2 part holds
-# controllers; machines use v1); mounts the disk LOOP on `disk` (ext4; its inode tables are not
-# zeroed in the background, `noinit_itable`: the image starts sparse, so they read as zeros
-# already); shows BASE on `lower` through an idmapped, read-only bind mount; mounts the overlay
-# `root` (lower `lower`, upper `disk/upper`); lets go of `lower` and `disk` (the overlay holds them);
-# then becomes `CRUN --root CRUN_ROOT create`. The container keeps the mounts alive; this
-# namespace ends with it.
+# controllers; machines use v1); attaches the disk image IMAGE to a free loop device, named in the
+# file `loop` (cleared by the kernel when nothing holds it any more: this process, if it fails
+# before the mount, or the mount, when the machine's last process is gone); mounts it on `disk`
+# (ext4; its inode tables are not zeroed in the background, `noinit_itable`: the image starts
+# sparse, so they read as zeros already); shows BASE on `lower` through an idmapped, read-only
+# bind mount; mounts the overlay `root` (lower `lower`, upper `disk/upper`); lets go of `lower`
+# and `disk` (the overlay holds them); then becomes `CRUN --root CRUN_ROOT create`. The container
+# keeps the mounts alive; this namespace ends with it.
 #
 # The idmapped mount: files owned by id N under BASE appear under `lower` as owned by HOST_ID + N
 # (N < COUNT), so a machine whose root is mapped to HOST_ID sees the shared base as its own, and the
@@ -19,9 +21,11 @@
 # (util-linux 2.39), hence the kernel's mount API (Linux >= 5.12) through perl's syscall.
 #
 # One program for all of it: a shell running mount, umount and a mount helper took seven programs'
-# starts of every machine's. Perl, not Python: perl-base is on every Debian and starts in ~2 ms.
+# starts of every machine's, and losetup one more. Perl, not Python: perl-base is on every Debian
+# and starts in ~2 ms.
 use strict;
 use warnings;
+use Errno ();
 
 # x86_64 and aarch64: open_tree, move_mount and mount_setattr are alike; the older calls are not.
 my ($SYS_OPEN_TREE, $SYS_MOVE_MOUNT, $SYS_MOUNT_SETATTR) = (428, 429, 442);
@@ -34,14 +38,15 @@ my ($AT_EMPTY_PATH, $AT_FDCWD, $MOVE_MOUNT_F_EMPTY_PATH) = (0x1000, -100, 4);
 my ($MOUNT_ATTR_RDONLY, $MOUNT_ATTR_NODEV, $MOUNT_ATTR_IDMAP) = (0x1, 0x4, 0x100000);
 my ($MS_NOSUID, $MS_NODEV, $MNT_DETACH) = (2, 4, 2);
 my $CLONE_NEWUSER = 0x10000000;
+my ($LOOP_CTL_GET_FREE, $LOOP_CONFIGURE, $LO_FLAGS_AUTOCLEAR) = (0x4C82, 0x4C0A, 4);
 
 sub fail {
     print STDERR "machine-root: @_\n";
     exit 1;
 }
 
-fail("usage: machine-root.pl DIR LOOP BASE HOST_ID COUNT CRUN CRUN_ROOT ID") if @ARGV != 8;
-my ($dir, $loop, $base, $host_id, $count, $crun, $crun_root, $id) = @ARGV;
+fail("usage: machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN CRUN_ROOT ID") if @ARGV != 8;
+my ($dir, $image, $base, $host_id, $count, $crun, $crun_root, $id) = @ARGV;
 # The machine's architecture (no POSIX module: loading it took 6 ms).
 my $arch_file;
 my $arch = open($arch_file, "<", "/proc/sys/kernel/arch") ? <$arch_file> : `uname -m`;
@@ -110,9 +115,35 @@ sub idmapped {
     fail("idmapped mount: $error") unless $done;
 }
 
+# A free loop device with IMAGE behind it, cleared when its last holder closes it (losetup did this
+# in a tool run of its own). A device another process takes between the two calls is busy: the
+# next free one is asked for.
+sub attach {
+    my ($file) = @_;
+    open my $control, "+<", "/dev/loop-control" or fail("/dev/loop-control: $!");
+    open my $backing, "+<", $file or fail("$file: $!");
+    for (1 .. 100) {
+        my $n = ioctl($control, $LOOP_CTL_GET_FREE, 0) // fail("a free loop device: $!");
+        my $dev = "/dev/loop" . ($n + 0);
+        open my $loop, "+<", $dev or fail("$dev: $!");
+        # struct loop_config { u32 fd, block_size; struct loop_info64 info; u64 reserved[8] },
+        # the info zero but for lo_flags (after five u64 and three u32).
+        my $config = pack "L L Q5 L3 L x64 x64 x32 Q2 x64", fileno $backing, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+          $LO_FLAGS_AUTOCLEAR, 0, 0;
+        return ($loop, $dev) if ioctl($loop, $LOOP_CONFIGURE, $config);
+        fail("attach $dev: $!") unless $!{EBUSY};
+    }
+    fail("no loop device stayed free");
+}
+
 chdir $dir or fail("cd $dir: $!");
 detach("/sys/fs/cgroup/unified", 1);
+my ($loop_fh, $loop) = attach($image);
+open my $named, ">", "loop" or fail("loop: $!");
+print $named "$loop\n";
+close $named or fail("loop: $!");
 mount_fs($loop, "disk", "ext4", $MS_NOSUID | $MS_NODEV, "noinit_itable");
+close $loop_fh;
 idmapped($base, "lower");
 mount_fs("overlay", "root", "overlay", 0, "lowerdir=lower,upperdir=disk/upper,workdir=disk/work");
 detach("lower");
