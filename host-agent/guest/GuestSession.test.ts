@@ -1,5 +1,5 @@
 import { type AddressInfo, createServer } from "node:net"
-import { Effect, Exit, Fiber, Scope } from "effect"
+import { Cause, Effect, Exit, Fiber, Option, Scope } from "effect"
 import ssh2 from "ssh2"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
@@ -375,6 +375,68 @@ describe("list", () => {
 })
 
 describe("connect", () => {
+  /**
+   * An SSH server (ssh2's) that records each publickey request: whether it came signed, and
+   * whether the signature is the authorized key's. `refuse` turns every key down.
+   */
+  const recordingServer = async (refuse: boolean) => {
+    const authorized = ssh2.utils.parseKey(keys.client.public)
+    if (authorized instanceof Error) throw authorized
+    const requests: Array<{ signed: boolean; verified: boolean }> = []
+    const server = new ssh2.Server({ hostKeys: [keys.host.private] }, (client) => {
+      client.on("error", () => undefined)
+      client.on("authentication", (ctx) => {
+        if (ctx.method !== "publickey") return ctx.reject(["publickey"])
+        const signed = ctx.signature !== undefined
+        const verified =
+          signed &&
+          ctx.key.data.equals(authorized.getPublicSSH()) &&
+          authorized.verify(ctx.blob as Buffer, ctx.signature as Buffer, ctx.hashAlgo) === true
+        requests.push({ signed, verified })
+        return !refuse && verified ? ctx.accept() : ctx.reject(["publickey"])
+      })
+      client.on("session", (accept) => accept().on("exec", (_accept, reject) => reject()))
+    })
+    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok))
+    const parsed = ssh2.utils.parseKey(keys.host.private)
+    if (parsed instanceof Error) throw parsed
+    const endpoint = {
+      host: "127.0.0.1",
+      port: (server.address() as AddressInfo).port,
+      hostKey: `${parsed.type} ${parsed.getPublicSSH().toString("base64")}`,
+      privateKey: keys.client.private,
+    }
+    return { endpoint, requests, close: () => server.close() }
+  }
+
+  it("logs in with one signed request: the key is not asked about first", async () => {
+    const server = await recordingServer(false)
+    try {
+      const exit = await Effect.runPromiseExit(Effect.scoped(connect(server.endpoint)))
+      expect(Exit.isSuccess(exit)).toBe(true)
+      expect(server.requests).toEqual([{ signed: true, verified: true }])
+    } finally {
+      server.close()
+    }
+  })
+
+  it("a key the machine refuses fails the connect, each attempt a signed request", async () => {
+    const server = await recordingServer(true)
+    try {
+      const exit = await Effect.runPromiseExit(
+        Effect.scoped(connect(server.endpoint, { readyTimeoutMs: 100 })),
+      )
+      const failure = Exit.isFailure(exit)
+        ? Option.getOrUndefined(Cause.failureOption(exit.cause))
+        : undefined
+      expect(failure?.detail).toContain("authentication methods failed")
+      expect(server.requests.length).toBeGreaterThan(0)
+      for (const r of server.requests) expect(r).toEqual({ signed: true, verified: true })
+    } finally {
+      server.close()
+    }
+  })
+
   it("an sshd that sends a garbled packet, then resets, fails the connect with every error handled", async () => {
     // The machine's root controls its sshd: a garbled packet then a reset gives two errors, and
     // the second was thrown in the host agent, outside any listener (the process's end).

@@ -210,6 +210,37 @@ const exec = (client: ssh2.Client, command: string) =>
 const unavailable = (e: unknown) =>
   new GuestUnavailable({ detail: e instanceof Error ? e.message : String(e) })
 
+/**
+ * Has `client` send its ed25519 key's signature in its first publickey request, as RFC 4252 §7
+ * allows, instead of first asking whether the key would do (ssh2 always asks). The machine's sshd
+ * answers that question and then waits out its delay for a failed attempt (OpenSSH's 5–9 ms per
+ * user) before it reads the signed request: asking cost a connect ~7 ms (31.8 against 24.7 ms,
+ * median of 8 each, one machine). A key the machine refuses gets the same failure either way. ssh2
+ * has no option for it: its protocol object's request is given the signing step when called
+ * without one. Its shape is checked first; a connect where it differs keeps ssh2's own way.
+ */
+const signAtOnce = (client: ssh2.Client): void => {
+  const protocol = (client as unknown as { _protocol?: { authPK?: unknown } })._protocol
+  const ask = protocol?.authPK
+  if (protocol === undefined || typeof ask !== "function") return
+  protocol.authPK = (username: string, key: unknown, keyAlgo: unknown, sign: unknown) => {
+    const own = key as { type?: unknown; isPrivateKey?: () => boolean; sign?: (data: Buffer) => unknown }
+    const signable =
+      sign === undefined &&
+      own?.type === "ssh-ed25519" &&
+      typeof own.sign === "function" &&
+      own.isPrivateKey?.() === true &&
+      (keyAlgo === undefined || keyAlgo === "ssh-ed25519")
+    if (!signable) return ask.call(protocol, username, key, keyAlgo, sign)
+    return ask.call(protocol, username, key, keyAlgo, (data: Buffer, done: (signature: Buffer) => void) => {
+      const signature = own.sign?.(data)
+      // A key that cannot sign is asked about ssh2's way, which reports its failure.
+      if (Buffer.isBuffer(signature)) done(signature)
+      else ask.call(protocol, username, key, keyAlgo)
+    })
+  }
+}
+
 const connectOnce = (endpoint: GuestEndpoint) =>
   new Promise<ssh2.Client>((ok, fail) => {
     const parsed = ssh2.utils.parseKey(endpoint.hostKey)
@@ -245,6 +276,7 @@ const connectOnce = (endpoint: GuestEndpoint) =>
       readyTimeout: 10_000,
       keepaliveInterval: 15_000,
     })
+    signAtOnce(client)
   })
 
 /** A wrapper channel opened ahead of its command, waiting for its arguments on stdin. */
