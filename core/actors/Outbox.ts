@@ -35,11 +35,33 @@ const publishOne = (stream: string, entry: OutboxEntry): Effect.Effect<void, Nat
   }
 }
 
-/** Publishes every entry in order (two sends to one actor must arrive in the order the handler gave). */
+/**
+ * Publishes every entry. Those for one subject go one after another, in the order the handler gave
+ * (two sends to one actor must arrive in that order; a timer cancelled and scheduled again must
+ * be purged first), each after the last is stored, so a failure never lets a later one in ahead of
+ * it; different subjects go side by side (an actor's end cancels four timers and tells three
+ * others: eight round trips one after another were most of its handling). Replies go last, so an
+ * asker hears back only once every effect is stored. A failure leaves the whole outbox to be
+ * published again (every entry is idempotent).
+ */
 export const publishAll = (
   stream: string,
   entries: ReadonlyArray<OutboxEntry>,
-): Effect.Effect<void, NatsError, Nats> =>
-  entries.length === 0
-    ? Effect.void
-    : Effect.forEach(entries, (e) => publishOne(stream, e), { discard: true })
+): Effect.Effect<void, NatsError, Nats> => {
+  if (entries.length <= 1)
+    return entries.length === 0 ? Effect.void : publishOne(stream, entries[0] as OutboxEntry)
+  const bySubject = new Map<string, Array<OutboxEntry>>()
+  const replies: Array<OutboxEntry> = []
+  for (const e of entries) {
+    if (e._tag === "Reply") replies.push(e)
+    else {
+      const list = bySubject.get(e.subject)
+      if (list === undefined) bySubject.set(e.subject, [e])
+      else list.push(e)
+    }
+  }
+  const inOrder = (list: ReadonlyArray<OutboxEntry>) =>
+    Effect.forEach(list, (e) => publishOne(stream, e), { discard: true })
+  const effects = Effect.forEach(bySubject.values(), inOrder, { concurrency: "unbounded", discard: true })
+  return replies.length === 0 ? effects : Effect.zipRight(effects, inOrder(replies))
+}
