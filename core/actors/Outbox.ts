@@ -62,6 +62,10 @@ export const publishAll = (
   }
   const inOrder = (list: ReadonlyArray<OutboxEntry>) =>
     Effect.forEach(list, (e) => publishOne(stream, e), { discard: true })
-  const effects = Effect.forEach(bySubject.values(), inOrder, { concurrency: "unbounded", discard: true })
+  const groups = [...bySubject.values()]
+  const effects =
+    groups.length === 1
+      ? inOrder(groups[0] as Array<OutboxEntry>)
+      : Effect.forEach(groups, inOrder, { concurrency: "unbounded", discard: true })
   return replies.length === 0 ? effects : Effect.zipRight(effects, inOrder(replies))
 }
