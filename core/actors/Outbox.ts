@@ -48,8 +48,6 @@ export const publishAll = (
   stream: string,
   entries: ReadonlyArray<OutboxEntry>,
 ): Effect.Effect<void, NatsError, Nats> => {
-  if (entries.length <= 1)
-    return entries.length === 0 ? Effect.void : publishOne(stream, entries[0] as OutboxEntry)
   const bySubject = new Map<string, Array<OutboxEntry>>()
   const replies: Array<OutboxEntry> = []
   for (const e of entries) {
@@ -63,9 +61,10 @@ export const publishAll = (
   const inOrder = (list: ReadonlyArray<OutboxEntry>) =>
     Effect.forEach(list, (e) => publishOne(stream, e), { discard: true })
   const groups = [...bySubject.values()]
+  // One subject (the usual outbox: a send and its reply) needs no fiber of its own.
   const effects =
-    groups.length === 1
-      ? inOrder(groups[0] as Array<OutboxEntry>)
+    groups.length <= 1
+      ? inOrder(groups[0] ?? [])
       : Effect.forEach(groups, inOrder, { concurrency: "unbounded", discard: true })
   return replies.length === 0 ? effects : Effect.zipRight(effects, inOrder(replies))
 }

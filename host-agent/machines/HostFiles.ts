@@ -12,3 +12,32 @@ export const readText = (path: string): string | undefined => {
     return undefined
   }
 }
+
+/** One line of a mountinfo file (`/proc/<pid>/mountinfo`). */
+export interface MountEntry {
+  /** Where it is mounted, its octal escapes (`\040` for a space) read back. */
+  readonly point: string
+  /** The mount's own options (`rw`, `nosuid`…). */
+  readonly options: ReadonlyArray<string>
+  readonly type: string
+  /** The superblock's options (`rw`, `nsdelegate`…). */
+  readonly superOptions: ReadonlyArray<string>
+}
+
+/** The mounts of a mountinfo file's text: `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL…] - TYPE SOURCE SUPER`. */
+export const mountsOf = (mountinfo: string): Array<MountEntry> =>
+  mountinfo.split("\n").flatMap((line) => {
+    const [before, after] = line.split(" - ")
+    if (before === undefined || after === undefined) return []
+    const [, , , , point, options = ""] = before.split(" ")
+    const [type, , superOptions = ""] = after.split(" ")
+    if (point === undefined || type === undefined) return []
+    return [
+      {
+        point: point.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))),
+        options: options.split(","),
+        type,
+        superOptions: superOptions.split(",").filter((o) => o !== ""),
+      },
+    ]
+  })

@@ -14,7 +14,7 @@
  */
 import * as fs from "node:fs"
 import { basename, join } from "node:path"
-import { readText } from "../HostFiles.ts"
+import { mountsOf, readText } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** The hierarchies whose limits the driver sets itself. */
@@ -217,33 +217,26 @@ export interface Remount {
   readonly options: string
 }
 
-/** An octal escape of mountinfo (`\040` for a space) back to its character. */
-const unescaped = (field: string) =>
-  field.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8)))
-
 /**
- * The writable cgroup2 mounts of `mountinfo` (`/proc/self/mountinfo`'s text) without `favordynmods`, each
- * with the options that add it and keep its others (`nsdelegate`, `memory_recursiveprot`…: a
- * remount drops the superblock options it is not given). Its own options (`nosuid`…) are kept
- * by `mount` itself.
+ * The writable cgroup2 mounts of `mountinfo` (`/proc/self/mountinfo`'s text) without
+ * `favordynmods`, each with the options that add it and keep its others (`nsdelegate`,
+ * `memory_recursiveprot`…: a remount drops the superblock options it is not given). Its own
+ * options (`nosuid`…) are kept by `mount` itself.
  */
-export const toFavorDynmods = (mountinfo: string): Array<Remount> => {
-  const out: Array<Remount> = []
-  for (const line of mountinfo.split("\n")) {
-    // `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL…] - TYPE SOURCE SUPER_OPTIONS`
-    const [before, after] = line.split(" - ")
-    if (before === undefined || after === undefined) continue
-    const [type, , superOptions = ""] = after.split(" ")
-    const [, , , , mountPoint, own = ""] = before.split(" ")
-    if (type !== "cgroup2" || mountPoint === undefined) continue
-    // A read-only one is left as it is: a remount is no place to risk making it writable.
-    if (own.split(",").includes("ro") || superOptions.split(",").includes("ro")) continue
-    const kept = superOptions.split(",").filter((o) => o !== "" && o !== "rw")
-    if (kept.includes("favordynmods")) continue
-    out.push({ mountPoint: unescaped(mountPoint), options: ["remount", ...kept, "favordynmods"].join(",") })
-  }
-  return out
-}
+export const toFavorDynmods = (mountinfo: string): Array<Remount> =>
+  mountsOf(mountinfo)
+    .filter(
+      (m) =>
+        m.type === "cgroup2" &&
+        !m.superOptions.includes("favordynmods") &&
+        // A read-only one is left as it is: a remount is no place to risk making it writable.
+        !m.options.includes("ro") &&
+        !m.superOptions.includes("ro"),
+    )
+    .map((m) => ({
+      mountPoint: m.point,
+      options: ["remount", ...m.superOptions.filter((o) => o !== "rw"), "favordynmods"].join(","),
+    }))
 
 let favoring: Promise<void> | undefined
 

@@ -9,6 +9,7 @@ import { spawn } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
+import { mountsOf } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -59,9 +60,9 @@ const knownServing = (mount: string, pidFile: string): boolean => {
     // FUSE device, and the mount died then. Serving means holding the device.
     const fds = `/proc/${pid}/fd`
     if (!readdirSync(fds).some((fd) => readlinkOr(`${fds}/${fd}`) === "/dev/fuse")) return false
-    return readFileSync("/proc/self/mountinfo", "utf8")
-      .split("\n")
-      .some((line) => line.split(" ")[4] === mount && line.includes(" - fuse.lxcfs "))
+    return mountsOf(readFileSync("/proc/self/mountinfo", "utf8")).some(
+      (m) => m.point === mount && m.type === "fuse.lxcfs",
+    )
   } catch {
     return false
   }

@@ -5,7 +5,7 @@ import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
-import { readText } from "../HostFiles.ts"
+import { mountsOf, readText } from "../HostFiles.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
@@ -47,16 +47,9 @@ const withMachine = <A>(
     ),
   )
 
-/** The cgroup2 mounts of this process's view: each one's folder, own options and superblock options. */
+/** The cgroup2 mounts of this process's view. */
 const cgroup2Mounts = () =>
-  readFileSync("/proc/self/mountinfo", "utf8")
-    .split("\n")
-    .filter((l) => l.includes(" - cgroup2 "))
-    .map((l) => {
-      const [before = "", after = ""] = l.split(" - ")
-      const fields = before.split(" ")
-      return { point: fields[4], own: fields[5], super: new Set((after.split(" ")[2] ?? "").split(",")) }
-    })
+  mountsOf(readFileSync("/proc/self/mountinfo", "utf8")).filter((m) => m.type === "cgroup2")
 
 describe("the host's cgroups favor dynamic changes", () => {
   it("remounts each writable cgroup2 mount without favordynmods, keeping its superblock options, and no other", () => {
@@ -86,10 +79,11 @@ describe("the host's cgroups favor dynamic changes", () => {
     // A host without cgroup2 has nothing to turn on; this one has its hybrid layout's `unified`.
     expect(after.length).toBeGreaterThan(0)
     expect(after.map((m) => m.point)).toEqual(before.map((m) => m.point))
-    expect(after.some((m) => m.super.has("favordynmods"))).toBe(true)
+    expect(after.some((m) => m.superOptions.includes("favordynmods"))).toBe(true)
     for (const [i, m] of after.entries()) {
-      expect(m.own).toBe(before[i]?.own)
-      for (const o of before[i]?.super ?? []) expect(m.super.has(o), `${m.point}: ${o}`).toBe(true)
+      expect(m.options).toEqual(before[i]?.options)
+      for (const o of before[i]?.superOptions ?? [])
+        expect(m.superOptions.includes(o), `${m.point}: ${o}`).toBe(true)
     }
   })
 })
