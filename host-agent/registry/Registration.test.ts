@@ -186,6 +186,28 @@ layer(layerAll())("Registration", (it) => {
     }),
   )
 
+  it.scoped("a base built after the last heartbeat is listed by the next one, not by a capacity change", () =>
+    Effect.gen(function* () {
+      const dir = yield* basesDir
+      const { reg, capacity, scope, t0 } = yield* register(dir)
+      const fresh = { name: "debian-trixie-20260102-dddddddddddd", sha256: "d".repeat(64), bytes: 7 }
+      yield* Effect.promise(async () => {
+        await mkdir(join(dir, fresh.name, "rootfs"), { recursive: true })
+        await writeFile(join(dir, fresh.name, "base.json"), JSON.stringify({ ...fresh, recipe }))
+      })
+      // The capacity change writes the record with the bases as the first write read them.
+      yield* capacity.reserve("m_s", "s")
+      const held = yield* until(reg.id, (r) => r.machines.length === 1)
+      expect(held.bases).toEqual([base])
+      expect(held.building).toEqual([building])
+      // The heartbeat reads them again, and keeps what the capacity change wrote.
+      const beaten = yield* beatTo(reg.id, t0 + 3000)
+      expect(beaten.bases).toEqual([base, fresh])
+      expect(beaten.machines.map((m) => m.id)).toEqual(["m_s"])
+      yield* Scope.close(scope, Exit.void)
+    }),
+  )
+
   it.scoped(
     "a second agent under the same id takes the record over; the first one's writes fail with HostIdTaken",
     () =>

@@ -2,6 +2,11 @@
  * Registration: the host's record in KV `hosts`, written at start, refreshed every
  * `heartbeatMs` (and on every capacity change), and removed when the scope closes.
  *
+ * The bases on disk (finished, and being built) are read for the first write and for every
+ * heartbeat; a write for a capacity change reuses the last read. A capacity change comes several
+ * times a run, and reading the bases is a dozen file reads on the host agent's thread while the
+ * run starts; a base is built or removed in minutes, and a heartbeat lists it.
+ *
  * Every write is compare-and-set on the revision this agent last wrote, serialized by one permit
  * and uninterruptible, so the heartbeat, a capacity change and the final delete never overtake one
  * another. A conflict means someone else wrote the key: if the stored record is still ours (same
@@ -110,16 +115,29 @@ export const make: Effect.Effect<
   const revision = yield* Ref.make(0)
   const last = yield* Ref.make<HostRecord | undefined>(undefined)
 
-  const compose = (state: CapacityState) =>
+  // The bases as last read: `fresh` reads them again (the first write, the heartbeat).
+  let listed: Pick<HostRecord, "bases" | "building"> | undefined
+  const basesListing = (fresh: boolean) =>
+    Effect.gen(function* () {
+      if (fresh || listed === undefined)
+        listed = {
+          bases: yield* Listing.onDisk(basesDir, recipes),
+          building: yield* Listing.buildingIn(basesDir, recipes),
+        }
+      return listed
+    })
+
+  const compose = (state: CapacityState, fresh: boolean) =>
     Effect.gen(function* () {
       const free = freeOf(state)
+      const { bases, building } = yield* basesListing(fresh)
       const record: HostRecord = {
         id: host.id,
         driver: host.driver,
         vcpus: host.vcpus,
         memory_mib: host.memoryMib,
-        bases: yield* Listing.onDisk(basesDir, recipes),
-        building: yield* Listing.buildingIn(basesDir, recipes),
+        bases,
+        building,
         started_at: startedAt,
         heartbeat_at: timestamp(yield* Clock.currentTimeMillis),
         machines: state.machines,
@@ -138,22 +156,24 @@ export const make: Effect.Effect<
     return current.value.revision
   })
 
-  const writeAt = (state: CapacityState, rev: number) =>
+  const writeAt = (state: CapacityState, rev: number, fresh: boolean) =>
     Effect.gen(function* () {
-      const record = yield* compose(state)
+      const record = yield* compose(state, fresh)
       yield* Ref.set(revision, yield* kv.update(host.id, record, rev))
       yield* Ref.set(last, record)
       return record
     })
 
-  const write = (state: CapacityState) =>
+  const write = (state: CapacityState, fresh: boolean) =>
     Effect.flatMap(Ref.get(revision), (rev) =>
-      writeAt(state, rev).pipe(
-        Effect.catchTag("StateConflict", () => Effect.flatMap(recover, (fresh) => writeAt(state, fresh))),
+      writeAt(state, rev, fresh).pipe(
+        Effect.catchTag("StateConflict", () =>
+          Effect.flatMap(recover, (current) => writeAt(state, current, fresh)),
+        ),
       ),
     ).pipe(Effect.uninterruptible, permit.withPermits(1))
 
-  const beat = Effect.flatMap(capacity.state, write)
+  const beat = Effect.flatMap(capacity.state, (state) => write(state, true))
 
   // The first write takes the record over whoever wrote it: a record under our id is left by an
   // earlier run of this host that crashed, or belongs to a live agent misconfigured with our id,
@@ -161,7 +181,7 @@ export const make: Effect.Effect<
   // agent's heartbeat) just means reading again.
   const takeOver = Effect.gen(function* () {
     const previous = yield* kv.get(host.id)
-    return yield* writeAt(yield* capacity.state, Option.isSome(previous) ? previous.value.revision : 0)
+    return yield* writeAt(yield* capacity.state, Option.isSome(previous) ? previous.value.revision : 0, true)
   }).pipe(
     Effect.retry({ times: 5, while: (e) => e._tag === "StateConflict" }),
     Effect.uninterruptible,
@@ -213,7 +233,7 @@ export const make: Effect.Effect<
   )
   // The first element may repeat the state just written: one extra write, but no change missed.
   yield* capacity.changes.pipe(
-    Stream.runForEach((state) => write(state).pipe(Effect.catchAll(logFailure("capacity update")))),
+    Stream.runForEach((state) => write(state, false).pipe(Effect.catchAll(logFailure("capacity update")))),
     Effect.catchAll(stopped("capacity updates")),
     Effect.forkScoped,
   )
