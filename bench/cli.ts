@@ -1,9 +1,9 @@
 // The user CLI: (a) `hangar version` start-up, p50/p95 over N runs, beside `node -e 0` in the same
-// run, and the operator commands' (`hangar admin` to its usage error); (b) `hangar run --in`'s
-// upload, a generated folder (a few big random files) packed and sent by `uploadFolder`, beside
-// the gateway's raw upload rate in the same run (POST /v1/files, then the PUT of the same archive
-// bytes from a file, streamed by fetch). Prints both rates and the ratio; the goal is the CLI at
-// ≥ 80 % of raw. No assertions.
+// run (and both again without `NODE_EXTRA_CA_CERTS` when it is set), and the operator commands'
+// (`hangar admin` to its usage error); (b) `hangar run --in`'s upload, a generated folder (a few
+// big random files) packed and sent by `uploadFolder`, beside the gateway's raw upload rate in the
+// same run (POST /v1/files, then the PUT of the same archive bytes from a file, streamed by fetch).
+// Prints both rates and the ratio; the goal is the CLI at ≥ 80 % of raw. No assertions.
 // Run: node --import tsx bench/cli.ts [runs, default 20] [MiB, default 1024]
 //
 // The gateway is its own process (`gateway/uploads/testServer.ts` on a real nats-server), as in
@@ -30,17 +30,17 @@ const folderBytes = Number(process.argv[3] ?? 1024) * MiB
 const quantile = (sorted: ReadonlyArray<number>, q: number) =>
   sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] ?? Number.NaN
 
-const timedSpawn = (args: ReadonlyArray<string>, status = 0): number => {
+const timedSpawn = (args: ReadonlyArray<string>, status = 0, env = process.env): number => {
   const start = process.hrtime.bigint()
-  const r = spawnSync(process.execPath, args, { cwd: root, stdio: ["ignore", "ignore", "pipe"] })
+  const r = spawnSync(process.execPath, args, { cwd: root, env, stdio: ["ignore", "ignore", "pipe"] })
   const ms = Number(process.hrtime.bigint() - start) / 1e6
   if (r.status !== status) throw new Error(`${args.join(" ")} exited ${r.status}: ${r.stderr}`)
   return ms
 }
 
-const startup = (label: string, args: ReadonlyArray<string>, status = 0) => {
-  timedSpawn(args, status) // warm: the CLI bundles itself on its first start after a change
-  const times = Array.from({ length: runs }, () => timedSpawn(args, status)).sort((a, b) => a - b)
+const startup = (label: string, args: ReadonlyArray<string>, status = 0, env = process.env) => {
+  timedSpawn(args, status, env) // warm: the CLI bundles itself on its first start after a change
+  const times = Array.from({ length: runs }, () => timedSpawn(args, status, env)).sort((a, b) => a - b)
   const p50 = quantile(times, 0.5)
   const p95 = quantile(times, 0.95)
   console.log(
@@ -53,6 +53,16 @@ console.log(`start-up over ${runs} runs`)
 const bare = startup("node -e 0", ["-e", "0"])
 const version = startup("hangar version", [join(root, "cli", "bin.cjs"), "version"])
 console.log(`hangar version over node: +${(version.p50 - bare.p50).toFixed(0)} ms at p50`)
+// `NODE_EXTRA_CA_CERTS` (set on some machines, this one among them) makes every node process read
+// and parse that whole bundle before its first line of JavaScript: both rows again without it.
+if (process.env.NODE_EXTRA_CA_CERTS !== undefined) {
+  const { NODE_EXTRA_CA_CERTS: _, ...plain } = process.env
+  const bareNo = startup("node -e 0, no extra CAs", ["-e", "0"], 0, plain)
+  const versionNo = startup("hangar version, no extra CAs", [join(root, "cli", "bin.cjs"), "version"], 0, plain)
+  console.log(
+    `NODE_EXTRA_CA_CERTS costs every start ${(bare.p50 - bareNo.p50).toFixed(0)} ms here; hangar version over node without it: +${(versionNo.p50 - bareNo.p50).toFixed(0)} ms at p50`,
+  )
+}
 // The operator commands load effect and the NATS client (bundled in, no tsx): to their usage error,
 // which comes after every module is loaded and before any connection.
 const admin = startup("hangar admin (usage, exit 2)", [join(root, "cli", "bin.cjs"), "admin"], 2)
