@@ -1,5 +1,6 @@
 import { readFileSync, writeFileSync } from "node:fs"
-import { readdir, readFile } from "node:fs/promises"
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
+import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
@@ -218,6 +219,27 @@ describe("namespace driver", () => {
     expect(out.output).toContain("No space left on device")
     expect(out.output).toContain("status=1")
     expect(await leftovers(s.id)).toEqual([])
+  })
+
+  it("a container that does not start fails the create at its start, its network made meanwhile, and leaves nothing", async () => {
+    // crun as given, except that it refuses `start` (its network is set up while it starts).
+    const dir = await mkdtemp(join(tmpdir(), "hangar-crun-"))
+    const crun = join(dir, "crun")
+    await writeFile(
+      crun,
+      `#!/bin/sh\nfor a; do [ "$a" = start ] && { echo "refused to start" >&2; exit 1; }; done\nexec ${testDriverSettings.crun} "$@"\n`,
+      { mode: 0o755 },
+    )
+    try {
+      const s = spec("nostart")
+      const exit = await Effect.runPromiseExit(make({ ...testDriverSettings, crun }).create(s))
+      const failure = Exit.isFailure(exit) ? Option.getOrThrow(Cause.failureOption(exit.cause)) : undefined
+      expect(failure).toMatchObject({ _tag: "MachineCreateFailed", step: "start" })
+      expect(failure?.detail).toContain("refused to start")
+      expect(await leftovers(s.id)).toEqual([])
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
   })
 
   it("leaves nothing after 5 create/destroy cycles", async () => {

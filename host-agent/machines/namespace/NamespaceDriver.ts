@@ -428,15 +428,20 @@ const createNow = async (
     })
 
     // The container made its network namespace (owned by its user namespace, so its sysfs shows
-    // its own interfaces only); the veth goes into it before its first program starts.
-    step = "network"
-    await Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
-    step = "policy"
-    await rules
-    await Policy.forward(policy, net.hostIf)
-
-    step = "start"
-    await run(s.crun, ["--root", crunRoot(s), "start", spec.id])
+    // its own interfaces only); the veth goes into it while its first program, sshd, starts (it
+    // binds the guest's address before eth0 has it: `ip_nonlocal_bind`, `Oci.ts`). Nothing reaches
+    // the machine or leaves it before its interface is there, and the machine is handed out (and
+    // logged into) only once its network, shaping and rules are all in place.
+    const network = Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
+    const policed = network.then(() => rules).then(() => Policy.forward(policy, net.hostIf))
+    const started = run(s.crun, ["--root", crunRoot(s), "start", spec.id])
+    // Both ended before a failure is told (the cleanup must not race either), as its own step's.
+    const settled = await Promise.allSettled([network, policed, started])
+    const failed = settled.findIndex((r) => r.status === "rejected")
+    if (failed >= 0) {
+      step = ["network", "policy", "start"][failed] as string
+      throw (settled[failed] as PromiseRejectedResult).reason
+    }
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs

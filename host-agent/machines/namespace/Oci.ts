@@ -330,8 +330,13 @@ export const configOf = (m: MachineConfig) => ({
       { type: "user" },
       { type: "network" },
     ],
-    // The machine has no raw sockets (no `CAP_NET_RAW`): it pings with ICMP datagram sockets.
-    sysctl: { "net.ipv4.ping_group_range": `0 ${ID_COUNT - 1}` },
+    sysctl: {
+      // The machine has no raw sockets (no `CAP_NET_RAW`): it pings with ICMP datagram sockets.
+      "net.ipv4.ping_group_range": `0 ${ID_COUNT - 1}`,
+      // sshd starts while the host sets up the machine's network (`NamespaceDriver`): it binds the
+      // guest's address before its interface has it.
+      "net.ipv4.ip_nonlocal_bind": "1",
+    },
     cgroupsPath: m.cgroupsPath,
     resources: {
       devices: [{ allow: false, access: "rwm" }],
