@@ -9,11 +9,19 @@
  * so memory follows the number of recently active credentials.
  *
  * The key is the credential: the SHA-256 of the bearer token, or the client address for requests
- * without one.
+ * without one (or with an `Authorization` that is not a bearer token).
+ *
+ * A made-up token would be a credential of its own, with a full bucket: a client could send as
+ * many requests as it makes up tokens. So a request whose credential is refused (`401`) also
+ * takes a token from its address's bucket of refusals (same size and rate), and a request with a
+ * token from an address whose refusals' bucket is empty is refused `429` before anything else,
+ * whatever its token: an address guessing tokens gets as many tries as one without any. While no
+ * address has been refused lately, no request pays for the check.
  */
 import { Config, Context, Duration, Effect, Layer, Schedule } from "effect"
 import { defineSettings, env } from "../core/Config.ts"
 import { hashToken } from "../core/KeyTokens.ts"
+import { bearerOf } from "./auth/Bearer.ts"
 
 /**
  * Rate limit settings: `HANGAR_RATE_LIMIT_PER_SECOND` (refill, may be fractional) and
@@ -44,6 +52,24 @@ export class Buckets {
 
   /** Takes a token for `key` at time `nowMs`: `0` when allowed, else the seconds to wait (≥ 1). */
   take(key: string, nowMs: number): number {
+    const bucket = this.refilled(key, nowMs)
+    if (bucket.tokens >= 1) {
+      bucket.tokens -= 1
+      return 0
+    }
+    return this.waitFor(bucket)
+  }
+
+  /** As `take`, without taking the token. */
+  peek(key: string, nowMs: number): number {
+    const bucket = this.buckets.get(key)
+    if (bucket === undefined) return 0
+    return Math.min(this.burst, bucket.tokens + (Math.max(0, nowMs - bucket.at) / 1000) * this.perSecond) >= 1
+      ? 0
+      : this.waitFor(bucket)
+  }
+
+  private refilled(key: string, nowMs: number): Bucket {
     let bucket = this.buckets.get(key)
     if (!bucket) {
       bucket = { tokens: this.burst, at: nowMs }
@@ -53,10 +79,10 @@ export class Buckets {
       bucket.tokens = Math.min(this.burst, bucket.tokens + elapsed * this.perSecond)
       bucket.at = nowMs
     }
-    if (bucket.tokens >= 1) {
-      bucket.tokens -= 1
-      return 0
-    }
+    return bucket
+  }
+
+  private waitFor(bucket: Bucket): number {
     return Math.max(1, Math.ceil((1 - bucket.tokens) / this.perSecond))
   }
 
@@ -78,8 +104,13 @@ export class Buckets {
 export class RateLimit extends Context.Tag("gateway/RateLimit")<
   RateLimit,
   {
-    /** Takes one request for `key` now: `0` when allowed, else `Retry-After` seconds. */
-    readonly take: (key: string) => number
+    /**
+     * Takes one request now, of the credential in `authorization` (or of the client's address,
+     * asked for only when needed): `0` when allowed, else `Retry-After` seconds.
+     */
+    readonly take: (authorization: string | undefined, remoteAddress: () => string) => number
+    /** A request with a bearer token was refused `401`: its address takes from its refusals' bucket. */
+    readonly refused: (remoteAddress: () => string) => void
   }
 >() {}
 
@@ -88,11 +119,28 @@ export class RateLimit extends Context.Tag("gateway/RateLimit")<
  * auth step then finds already made), else `ip:` and the client's address, asked for only then.
  */
 export const keyOf = (authorization: string | undefined, remoteAddress: () => string): string => {
-  if (authorization !== undefined && authorization.length > 7 && /^bearer /i.test(authorization)) {
-    return `tok:${hashToken(authorization.slice(7).trim())}`
-  }
-  return `ip:${remoteAddress()}`
+  const token = bearerOf(authorization)
+  return token === undefined ? `ip:${remoteAddress()}` : `tok:${hashToken(token)}`
 }
+
+/** The rate limiter over `buckets` and `refusals` (each address's refused credentials), at `now`. */
+export const limiter = (
+  buckets: Buckets,
+  refusals: Buckets,
+  now: () => number = Date.now,
+): Context.Tag.Service<RateLimit> => ({
+  take: (authorization, remoteAddress) => {
+    const key = keyOf(authorization, remoteAddress)
+    if (refusals.size > 0 && key.startsWith("tok:")) {
+      const wait = refusals.peek(remoteAddress(), now())
+      if (wait > 0) return wait
+    }
+    return buckets.take(key, now())
+  },
+  refused: (remoteAddress) => {
+    refusals.take(remoteAddress(), now())
+  },
+})
 
 /** The rate limiter from settings, with a sweep every minute while the layer lives. */
 export const layer: Layer.Layer<RateLimit, never, "gateway/RateLimitSettings"> = Layer.scoped(
@@ -100,9 +148,13 @@ export const layer: Layer.Layer<RateLimit, never, "gateway/RateLimitSettings"> =
   Effect.gen(function* () {
     const settings = yield* RateLimitSettings.Tag
     const buckets = new Buckets(settings.perSecond, settings.burst)
+    const refusals = new Buckets(settings.perSecond, settings.burst)
     yield* Effect.forkScoped(
-      Effect.sync(() => buckets.sweep(Date.now())).pipe(Effect.repeat(Schedule.spaced(Duration.minutes(1)))),
+      Effect.sync(() => {
+        buckets.sweep(Date.now())
+        refusals.sweep(Date.now())
+      }).pipe(Effect.repeat(Schedule.spaced(Duration.minutes(1)))),
     )
-    return { take: (key: string) => buckets.take(key, Date.now()) }
+    return limiter(buckets, refusals)
   }),
 )

@@ -6,7 +6,7 @@ import * as Log from "../core/Log.ts"
 import { ApiError } from "../schema/Errors.ts"
 import * as Health from "./Health.ts"
 import * as RateLimit from "./RateLimit.ts"
-import { bytes, empty, json, stream } from "./Response.ts"
+import { bytes, empty, error as errorReply, json, stream } from "./Response.ts"
 import type { Route } from "./Router.ts"
 import { route, streamRoute } from "./Router.ts"
 import * as Server from "./Server.ts"
@@ -25,8 +25,26 @@ let hang = {
 // Counts what the big stream route has produced, to compare with what the client has read.
 const big = { produced: 0, total: 96 * MiB, chunk: new Uint8Array(64 * 1024).fill(97) }
 
+// Refuses every bearer token but `hgr_good` with 401, in a fiber (`/t/who`) or from memory (`/t/who-now`).
+const goodOnly = (authorization: string | undefined) => authorization === "Bearer hgr_good"
+
 const routes: ReadonlyArray<Route<never>> = [
   ...Health.routes,
+  route({
+    method: "GET",
+    path: "/t/who",
+    handler: ({ headers }) =>
+      goodOnly(headers.authorization)
+        ? Effect.succeed(json("good"))
+        : Effect.fail(ApiError.unauthenticated()),
+  }),
+  route({
+    method: "GET",
+    path: "/t/who-now",
+    handler: () => Effect.succeed(json("never")),
+    now: ({ headers }) =>
+      goodOnly(headers.authorization) ? json("good") : errorReply(ApiError.unauthenticated()),
+  }),
   route({
     method: "POST",
     path: "/t/echo",
@@ -577,6 +595,47 @@ describe("rate limits", () => {
       expect(await from("127.0.0.1")).toBe(429)
       for (let i = 0; i < 2; i++) expect(await from("127.0.0.2")).toBe(200)
       expect(await from("127.0.0.2")).toBe(429)
+    } finally {
+      await own.close()
+    }
+  })
+
+  it("refused tokens count against their address: made-up tokens get the burst of tries, then 429 for any token", async () => {
+    const own = await start({ perSecond: 0.01, burst: 3 })
+    const from = (localAddress: string, path: string, token?: string) =>
+      new Promise<number>((resolve, reject) => {
+        const url = new URL(`${own.url}${path}`)
+        http
+          .get(
+            {
+              host: url.hostname,
+              port: url.port,
+              path: url.pathname,
+              localAddress,
+              agent: false,
+              headers: token === undefined ? {} : { authorization: `Bearer ${token}` },
+            },
+            (res) => {
+              res.resume()
+              res.on("end", () => resolve(res.statusCode ?? 0))
+            },
+          )
+          .on("error", reject)
+      })
+    try {
+      // Each made-up token is a credential of its own, with a full bucket: refused 401 three times,
+      // by a handler and from memory, then the address is out of tries.
+      expect(await from("127.0.0.3", "/t/who", "hgr_madeup1")).toBe(401)
+      expect(await from("127.0.0.3", "/t/who-now", "hgr_madeup2")).toBe(401)
+      expect(await from("127.0.0.3", "/t/who", "hgr_madeup3")).toBe(401)
+      expect(await from("127.0.0.3", "/t/who", "hgr_madeup4")).toBe(429)
+      expect(await from("127.0.0.3", "/t/who-now", "hgr_good")).toBe(429)
+      // Another address is not held back; nor a token that is let in.
+      expect(await from("127.0.0.4", "/t/who", "hgr_madeup5")).toBe(401)
+      for (let i = 0; i < 3; i++) expect(await from("127.0.0.4", "/t/who", "hgr_good")).toBe(200)
+      expect(await from("127.0.0.4", "/t/who-now", "hgr_madeup6")).toBe(401)
+      // A request without a token takes from its address's own bucket, as before.
+      expect(await from("127.0.0.3", "/t/items/a/parts/b")).toBe(200)
     } finally {
       await own.close()
     }

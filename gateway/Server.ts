@@ -25,8 +25,9 @@ import { Nats } from "../core/Nats.ts"
 import { decodeBody, decodeJsonBody, jsonDepthMax, nestsDeeperThan } from "../schema/Decode.ts"
 import { ApiError } from "../schema/Errors.ts"
 import * as AccessLog from "./AccessLog.ts"
+import { bearerOf } from "./auth/Bearer.ts"
 import { BodySource, isJson, JSON_LIMIT } from "./Body.ts"
-import { keyOf, RateLimit } from "./RateLimit.ts"
+import { RateLimit } from "./RateLimit.ts"
 import { parseQuery, type Request, readHeaders, requestIdOf } from "./Request.ts"
 import type { Reply } from "./Response.ts"
 import { abort, Exchange, error as errorReply, json, writeStream, writeWhole } from "./Response.ts"
@@ -160,8 +161,9 @@ function requestOf(
 }
 
 // The peer's address, asked of uWS only for a request without a bearer token (its rate limit
-// key), and in its binary form (4 or 16 bytes, one character each), which uWS makes faster than
-// the text: a few µs a request either way.
+// key) or one whose token is refused or comes while some address's tokens were refused lately,
+// and in its binary form (4 or 16 bytes, one character each), which uWS makes faster than the
+// text: a few µs a request either way.
 function remoteAddressOf(res: uWS.HttpResponse): string {
   return String.fromCharCode.apply(null, new Uint8Array(res.getRemoteAddress()) as unknown as number[])
 }
@@ -222,7 +224,7 @@ export const make = <R>(
       const retryAfter =
         match._tag === "Found" && match.route.unlimited
           ? 0
-          : rateLimit.take(keyOf(headers.authorization, () => remoteAddressOf(res)))
+          : rateLimit.take(headers.authorization, () => remoteAddressOf(res))
       if (retryAfter > 0) {
         early = errorReply(ApiError.rateLimited(), { "retry-after": String(retryAfter) })
       } else if (match._tag === "NotFound") {
@@ -252,6 +254,12 @@ export const make = <R>(
       }
       if (match._tag !== "Found") return
       const r = match.route
+      // A bearer token refused (made up, revoked, expired) counts against the client's address
+      // (`RateLimit.ts`); asked before the answer is written, while uWS still has the request.
+      const chargeRefusal = (status: number) => {
+        if (status === 401 && ex.open && bearerOf(headers.authorization) !== undefined)
+          rateLimit.refused(() => remoteAddressOf(res))
+      }
       const c = compiled.get(r)!
 
       let defect: { readonly cause: unknown } | undefined
@@ -273,6 +281,7 @@ export const make = <R>(
           defect = { cause }
         }
         if (reply !== undefined && reply._tag !== "Stream") {
+          chargeRefusal(reply.status)
           writeWhole(res, ex, reply)
           call.logAccess()
           return
@@ -297,6 +306,7 @@ export const make = <R>(
       // Written from the fiber. A stream failing midway has closed the connection; it is logged.
       const send = (reply: Reply): Effect.Effect<void> => {
         if (reply._tag !== "Stream") {
+          chargeRefusal(reply.status)
           writeWhole(res, ex, reply)
           return Effect.void
         }

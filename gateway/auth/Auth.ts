@@ -38,6 +38,7 @@ import {
   type Principal,
   peopleOnlyForKeys,
 } from "./Access.ts"
+import { bearerOf } from "./Bearer.ts"
 import { type Identity, IdTokens, layer as idTokensLayer } from "./IdTokens.ts"
 import { KeyCache, layer as keyCacheLayer } from "./KeyCache.ts"
 
@@ -78,12 +79,6 @@ export class Auth extends Context.Tag("gateway/Auth")<
 
 const isAccountId = Schema.is(AccountId)
 const unauthenticated = ApiError.unauthenticated()
-
-/** The bearer value of `Authorization`, or none when missing or malformed. */
-export const bearerOf = (headers: Readonly<Record<string, string>>): string | undefined => {
-  const m = /^Bearer ([\x21-\x7e]+)$/i.exec(headers.authorization ?? "")
-  return m?.[1]
-}
 
 // Store failures are outages: logged, answered 500 without detail.
 const orInternal = <A, E>(fx: Effect.Effect<A, E>): Effect.Effect<A, ApiError> =>
@@ -166,7 +161,7 @@ const personOnly = (
   options: ResolveOptions,
   known: Known,
 ): Decided<Person> => {
-  const token = bearerOf(headers)
+  const token = bearerOf(headers.authorization)
   if (token === undefined) return sessionPerson(headers, options, known)
   if (token.startsWith(tokenPrefix)) {
     const principal = keyPrincipal(token, known)
@@ -188,7 +183,7 @@ const decide = (
   known: Known,
 ): Decided<Principal> => {
   if (access === "anyone") return { _tag: "Anyone" }
-  const token = bearerOf(headers)
+  const token = bearerOf(headers.authorization)
 
   if (token?.startsWith(tokenPrefix)) {
     const principal = keyPrincipal(token, known)
