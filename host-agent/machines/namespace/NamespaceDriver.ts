@@ -353,6 +353,9 @@ const createNow = async (
   // The machine's network rules, placed while its disk and container are made (they match its
   // interface by name); awaited before its first program starts, and before any cleanup.
   let rules: Promise<void> | undefined
+  // The disk's first files, removed once copied in, off this thread (a dozen folders: ~3 ms of
+  // synchronous removal); awaited before the machine is handed out, and before any cleanup.
+  let seedRemoved: Promise<void> | undefined
   // Once per process, while the disk is made; awaited before crun puts the machine in its groups.
   const favored = Cgroups.favorDynamicChanges()
   try {
@@ -379,7 +382,8 @@ const createNow = async (
     const image = join(dir, "disk.img")
     const seeded = seed(dir, hostId, spec, net.guestAddress)
     await Disks.workspace(image, limits.diskBytes, { seed: seeded, owner: hostId })
-    rmSync(seeded, { recursive: true, force: true })
+    seedRemoved = fs.rm(seeded, { recursive: true, force: true })
+    seedRemoved.catch(() => undefined) // awaited below
 
     // The disk's throttle is set once `machine-root.pl` has put it on a loop device (below).
     step = "cgroups"
@@ -452,6 +456,8 @@ const createNow = async (
       }
       await sleep(1)
     }
+    step = "disk"
+    await seedRemoved
     return {
       id: spec.id,
       size: spec.size,
@@ -463,6 +469,7 @@ const createNow = async (
     const detail = e instanceof Error ? e.message : String(e)
     // Rules still being placed would land after the cleanup removed them.
     await rules?.catch(() => undefined)
+    await seedRemoved?.catch(() => undefined)
     if (step !== "folder" || !detail.includes("EEXIST"))
       await destroyNow(s, policy, spec.id).catch(() => undefined)
     throw new MachineCreateFailed({ id: spec.id, step, detail })
