@@ -75,6 +75,26 @@ describe("an outbox published", () => {
     ),
   )
 
+  it.effect("a send that fails keeps the later sends of its subject out, and fails the outbox", () =>
+    withClient(server.url, () =>
+      Effect.gen(function* () {
+        const { names } = yield* Storage
+        const stream = names.streams.MAILBOX.name
+        const [a, b] = [names.subjects.mailbox("t", 1, "a"), names.subjects.mailbox("t", 1, "b")]
+        // Over the server's largest message (1 MiB by default): refused before anything is stored.
+        const tooBig = "x".repeat(2 * 1024 * 1024)
+        const failed = yield* publishAll(stream, [
+          { _tag: "Send", subject: a, msgId: "t.big", body: tooBig },
+          { _tag: "Send", subject: a, msgId: "t.after", body: "after" },
+          { _tag: "Send", subject: b, msgId: "t.beside", body: "beside" },
+        ]).pipe(Effect.flip)
+        expect(failed._tag).toBe("NatsError")
+        // Published one by one, the second send on `a` never left; side by side, it would be stored.
+        expect(yield* bodiesOn(stream, a)).toEqual([])
+      }),
+    ),
+  )
+
   it.effect("purges a cancelled timer before the schedule that follows it on the same subject", () =>
     withClient(server.url, () =>
       Effect.gen(function* () {
