@@ -3,6 +3,7 @@
  * internet namespace (see `testing.ts`), shared by the tests of this file, which run in order.
  */
 
+import { createSocket } from "node:dgram"
 import { createServer, type Server } from "node:net"
 import { networkInterfaces } from "node:os"
 import { Effect, Exit, Scope } from "effect"
@@ -134,6 +135,65 @@ describe("network policy", () => {
     const back = await probeFrom(guestB, [`${a.ssh.host}:22`, `${Internet.addresses.public}:80`])
     expect(back[`${a.ssh.host}:22`]).toMatch(/^CLOSED .*Connection refused/)
     expect(back[`${Internet.addresses.public}:80`]).toBe(`OPEN hello ${Internet.addresses.public}:80`)
+  })
+
+  it("a machine cannot pass for another: nothing it sends in another's name reaches the host", async () => {
+    const port = 7000
+    // B answers the host's datagram, then sends one more a moment later (the exchange still open).
+    const answering = bash(
+      guestB,
+      `perl -MIO::Socket::INET -e '
+        my $s = IO::Socket::INET->new(Proto => "udp", LocalPort => ${port}) or die "bind: $!";
+        $s->recv(my $m, 100); my $peer = $s->peername;
+        $s->send("pong", 0, $peer); sleep 2; $s->send("again", 0, $peer); print "answered\\n"'`,
+    )
+    answering.catch(() => undefined) // awaited below
+    const host = createSocket("udp4")
+    // A ping sent before B listens comes back as a refusal: not an error of the test.
+    host.on("error", () => undefined)
+    const heard: Array<string> = []
+    let wake: (() => void) | undefined
+    host.on("message", (m) => {
+      heard.push(m.toString())
+      wake?.()
+    })
+    const until = (n: number) =>
+      new Promise<void>((ok) => {
+        wake = () => heard.length >= n && ok()
+        wake()
+      })
+    try {
+      await new Promise<void>((ok) => host.bind(0, ok))
+      await new Promise<void>((ok) => host.connect(port, b.ssh.host, () => ok()))
+      // Sent until B's listener is up and answers: the host's exchange with B is established.
+      while (heard.length === 0) {
+        host.send("ping")
+        await Promise.race([until(1), new Promise((r) => setTimeout(r, 200))])
+      }
+      // A, root in its machine, tries to send into that exchange from B's address and port: over a
+      // socket bound to it (the machine may bind any address, for its sshd: `ip_nonlocal_bind`),
+      // connected or not, and over a raw socket (it has no `CAP_NET_RAW`).
+      const tried = await bash(
+        guestA,
+        `perl -MIO::Socket::INET -MSocket -e '
+          my ($from, $to) = ("${b.ssh.host}", "${b.handle.hostAddress}");
+          my $bound = IO::Socket::INET->new(Proto => "udp", LocalAddr => $from, LocalPort => ${port})
+            or die "bind: $!";
+          print "bound\\n";
+          my $dest = sockaddr_in(${host.address().port}, inet_aton($to));
+          print(defined(send($bound, "spoofed", 0, $dest)) ? "sent\\n" : "send: $!\\n");
+          print(connect($bound, $dest) ? "connected\\n" : "connect: $!\\n");
+          print(socket(my $raw, PF_INET, SOCK_RAW, 17) ? "raw\\n" : "raw: $!\\n")'`,
+      )
+      expect(tried).toBe(
+        "bound\nsend: Network is unreachable\nconnect: Network is unreachable\nraw: Operation not permitted\n",
+      )
+      expect(await answering).toBe("answered\n")
+      await until(2)
+      expect(heard).toEqual(["pong", "again"])
+    } finally {
+      host.close()
+    }
   })
 
   it("IPv6 from a machine is dropped, even to the host's link-local address", async () => {

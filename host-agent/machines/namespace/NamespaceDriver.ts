@@ -351,7 +351,7 @@ const createNow = async (
   const dir = join(s.machinesDir, spec.id)
   let step = "folder"
   // The machine's network rules, placed while its disk and container are made (they match its
-  // interface by name); awaited before its first program starts, and before any cleanup.
+  // interface by name); awaited before the machine is handed out, and before any cleanup.
   let rules: Promise<void> | undefined
   // The disk's first files, removed once copied in, off this thread (a dozen folders: ~3 ms of
   // synchronous removal); awaited before the machine is handed out, and before any cleanup.

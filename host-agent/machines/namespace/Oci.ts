@@ -334,7 +334,9 @@ export const configOf = (m: MachineConfig) => ({
       // The machine has no raw sockets (no `CAP_NET_RAW`): it pings with ICMP datagram sockets.
       "net.ipv4.ping_group_range": `0 ${ID_COUNT - 1}`,
       // sshd starts while the host sets up the machine's network (`NamespaceDriver`): it binds the
-      // guest's address before its interface has it.
+      // guest's address before its interface has it. Binding is all it allows: nothing is sent
+      // from an address the machine does not have (the kernel finds no route for it without
+      // `IP_TRANSPARENT`, which needs capabilities the machine lacks; `Policy.heavy.test.ts`).
       "net.ipv4.ip_nonlocal_bind": "1",
     },
     cgroupsPath: m.cgroupsPath,
