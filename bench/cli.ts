@@ -58,7 +58,12 @@ console.log(`hangar version over node: +${(version.p50 - bare.p50).toFixed(0)} m
 if (process.env.NODE_EXTRA_CA_CERTS !== undefined) {
   const { NODE_EXTRA_CA_CERTS: _, ...plain } = process.env
   const bareNo = startup("node -e 0, no extra CAs", ["-e", "0"], 0, plain)
-  const versionNo = startup("hangar version, no extra CAs", [join(root, "cli", "bin.cjs"), "version"], 0, plain)
+  const versionNo = startup(
+    "hangar version, no extra CAs",
+    [join(root, "cli", "bin.cjs"), "version"],
+    0,
+    plain,
+  )
   console.log(
     `NODE_EXTRA_CA_CERTS costs every start ${(bare.p50 - bareNo.p50).toFixed(0)} ms here; hangar version over node without it: +${(versionNo.p50 - bareNo.p50).toFixed(0)} ms at p50`,
   )
