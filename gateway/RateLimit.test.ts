@@ -41,6 +41,11 @@ describe("token buckets", () => {
     expect(buckets.peek("k", 1_000)).toBe(0)
     expect(buckets.take("k", 1_000)).toBe(0)
     expect(buckets.take("k", 1_000)).toBe(1)
+    // Its wait counts what came back meanwhile, as `take`'s does.
+    const slow = new Buckets(0.1, 1)
+    slow.take("k", 0)
+    expect(slow.peek("k", 4_000)).toBe(6)
+    expect(slow.take("k", 4_000)).toBe(6)
   })
 
   it("sweep drops buckets that are full again and keeps the others", () => {

@@ -52,46 +52,42 @@ export class Buckets {
 
   /** Takes a token for `key` at time `nowMs`: `0` when allowed, else the seconds to wait (≥ 1). */
   take(key: string, nowMs: number): number {
-    const bucket = this.refilled(key, nowMs)
-    if (bucket.tokens >= 1) {
-      bucket.tokens -= 1
-      return 0
-    }
-    return this.waitFor(bucket)
-  }
-
-  /** As `take`, without taking the token. */
-  peek(key: string, nowMs: number): number {
-    const bucket = this.buckets.get(key)
-    if (bucket === undefined) return 0
-    return Math.min(this.burst, bucket.tokens + (Math.max(0, nowMs - bucket.at) / 1000) * this.perSecond) >= 1
-      ? 0
-      : this.waitFor(bucket)
-  }
-
-  private refilled(key: string, nowMs: number): Bucket {
     let bucket = this.buckets.get(key)
     if (!bucket) {
       bucket = { tokens: this.burst, at: nowMs }
       this.buckets.set(key, bucket)
     } else {
-      const elapsed = Math.max(0, nowMs - bucket.at) / 1000
-      bucket.tokens = Math.min(this.burst, bucket.tokens + elapsed * this.perSecond)
+      bucket.tokens = this.tokensAt(bucket, nowMs)
       bucket.at = nowMs
     }
-    return bucket
+    if (bucket.tokens >= 1) {
+      bucket.tokens -= 1
+      return 0
+    }
+    return this.waitFor(bucket.tokens)
   }
 
-  private waitFor(bucket: Bucket): number {
-    return Math.max(1, Math.ceil((1 - bucket.tokens) / this.perSecond))
+  /** As `take`, without taking the token. */
+  peek(key: string, nowMs: number): number {
+    const bucket = this.buckets.get(key)
+    const tokens = bucket === undefined ? this.burst : this.tokensAt(bucket, nowMs)
+    return tokens >= 1 ? 0 : this.waitFor(tokens)
   }
 
   /** Drops buckets that have refilled completely by `nowMs` (they equal a fresh bucket). */
   sweep(nowMs: number): void {
-    for (const [key, bucket] of this.buckets) {
-      if (bucket.tokens + ((nowMs - bucket.at) / 1000) * this.perSecond >= this.burst)
-        this.buckets.delete(key)
-    }
+    for (const [key, bucket] of this.buckets)
+      if (this.tokensAt(bucket, nowMs) >= this.burst) this.buckets.delete(key)
+  }
+
+  // The tokens `bucket` holds at `nowMs`, refilled since it was last taken from.
+  private tokensAt(bucket: Bucket, nowMs: number): number {
+    return Math.min(this.burst, bucket.tokens + (Math.max(0, nowMs - bucket.at) / 1000) * this.perSecond)
+  }
+
+  // The whole seconds until a bucket holding `tokens` has one.
+  private waitFor(tokens: number): number {
+    return Math.max(1, Math.ceil((1 - tokens) / this.perSecond))
   }
 
   /** How many buckets are held (for tests). */

@@ -214,6 +214,31 @@ const chunkedJson = (total: number): ReadableStream<Uint8Array> => {
   })
 }
 
+/**
+ * The status of a GET of `path` sent from `localAddress` (Linux answers all of 127/8 on `lo`), with
+ * `token` as its bearer token when given.
+ */
+const statusFrom = (base: string, localAddress: string, path: string, token?: string) =>
+  new Promise<number>((resolve, reject) => {
+    const url = new URL(`${base}${path}`)
+    http
+      .get(
+        {
+          host: url.hostname,
+          port: url.port,
+          path: url.pathname,
+          localAddress,
+          agent: false,
+          headers: token === undefined ? {} : { authorization: `Bearer ${token}` },
+        },
+        (res) => {
+          res.resume()
+          res.on("end", () => resolve(res.statusCode ?? 0))
+        },
+      )
+      .on("error", reject)
+  })
+
 // biome-ignore lint/suspicious/noExplicitAny: test bodies are inspected loosely
 const jsonOf = (res: Response): Promise<any> => res.json()
 
@@ -576,25 +601,12 @@ describe("rate limits", () => {
 
   it("without a token, each client address has its own bucket", async () => {
     const own = await start({ perSecond: 0.01, burst: 2 })
-    // From another loopback address: Linux answers all of 127/8 on `lo`.
-    const from = (localAddress: string) =>
-      new Promise<number>((resolve, reject) => {
-        const url = new URL(`${own.url}/t/items/a/parts/b`)
-        http
-          .get(
-            { host: url.hostname, port: url.port, path: url.pathname, localAddress, agent: false },
-            (res) => {
-              res.resume()
-              res.on("end", () => resolve(res.statusCode ?? 0))
-            },
-          )
-          .on("error", reject)
-      })
     try {
-      for (let i = 0; i < 2; i++) expect(await from("127.0.0.1")).toBe(200)
-      expect(await from("127.0.0.1")).toBe(429)
-      for (let i = 0; i < 2; i++) expect(await from("127.0.0.2")).toBe(200)
-      expect(await from("127.0.0.2")).toBe(429)
+      const items = (address: string) => statusFrom(own.url, address, "/t/items/a/parts/b")
+      for (let i = 0; i < 2; i++) expect(await items("127.0.0.1")).toBe(200)
+      expect(await items("127.0.0.1")).toBe(429)
+      for (let i = 0; i < 2; i++) expect(await items("127.0.0.2")).toBe(200)
+      expect(await items("127.0.0.2")).toBe(429)
     } finally {
       await own.close()
     }
@@ -602,26 +614,7 @@ describe("rate limits", () => {
 
   it("refused tokens count against their address: made-up tokens get the burst of tries, then 429 for any token", async () => {
     const own = await start({ perSecond: 0.01, burst: 3 })
-    const from = (localAddress: string, path: string, token?: string) =>
-      new Promise<number>((resolve, reject) => {
-        const url = new URL(`${own.url}${path}`)
-        http
-          .get(
-            {
-              host: url.hostname,
-              port: url.port,
-              path: url.pathname,
-              localAddress,
-              agent: false,
-              headers: token === undefined ? {} : { authorization: `Bearer ${token}` },
-            },
-            (res) => {
-              res.resume()
-              res.on("end", () => resolve(res.statusCode ?? 0))
-            },
-          )
-          .on("error", reject)
-      })
+    const from = (address: string, path: string, token?: string) => statusFrom(own.url, address, path, token)
     try {
       // Each made-up token is a credential of its own, with a full bucket: refused 401 three times,
       // by a handler and from memory, then the address is out of tries.
