@@ -14,8 +14,10 @@
  * The first topology is measured again with warm machines (`host-agent/runs/WarmPool.ts`: two of
  * the run's size kept booted, so a run starts on one made before it asked), beside the cold rows.
  * Goals on this machine: start → first result p50 < 1.5 s (issue 25: ≤ 100 ms warm); command round
- * trip p50 < 15 ms and under 2× the bare exec in one process (3× with a process per role). Prints
- * figures; asserts nothing.
+ * trip p50 < 15 ms and under 2× the bare exec in one process (3× with a process per role). In one
+ * process it also prints the server's CPU per run while runs go one after another, beside the wall
+ * time a run took: a start there waits mostly for the one thread's other work. Prints figures;
+ * asserts nothing.
  *
  *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8] [topologies=one,roles,warm]
  */
@@ -120,6 +122,12 @@ interface Figures {
   }
   /** The host's log lines while the runs one after another started (their machines' takes). */
   readonly firstLines: ReadonlyArray<string>
+  /**
+   * The server's CPU and the wall time per run while runs went one after another (each run's
+   * start, first result and finish, its machine's removal, the pool's refill), when its roles run
+   * in this process: how near one thread's whole time a run takes.
+   */
+  readonly perRun: { readonly cpuMs: number; readonly wallMs: number } | undefined
 }
 
 /**
@@ -140,6 +148,9 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     let firstLines: ReadonlyArray<string> = []
     // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
+    // The same over the runs one after another (from the first start to the paced phase).
+    let runs0: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
+    let perRun: Figures["perRun"]
     let cpuUs = 0
     let cpuOneUs = 0
     child.on("message", (raw) => {
@@ -157,8 +168,18 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       if (m.started !== undefined) {
         stack.runs.add(m.started)
         linesFrom ??= stack.lines.length
+        runs0 ??= { cpu: process.cpuUsage(), at: performance.now() }
       }
-      if (m.phase === "paced") firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
+      if (m.phase === "paced") {
+        firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
+        if (runs0 !== undefined && !stack.processes) {
+          const used = process.cpuUsage(runs0.cpu)
+          perRun = {
+            cpuMs: (used.user + used.system) / 1000 / runs,
+            wallMs: (performance.now() - runs0.at) / runs,
+          }
+        }
+      }
       if (m.block === "start") {
         if (m.phase === "one" && profiling) void profiling.post("Profiler.start")
         cpu0 = process.cpuUsage()
@@ -194,6 +215,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
             cpuMs: stack.processes ? undefined : cpuOneUs / 1000 / commands,
           },
           firstLines,
+          perRun,
         })
     })
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
@@ -271,7 +293,10 @@ const main = async () => {
     if (only.has("warm"))
       topologies.push(["one process (npm start), 2 warm machines", await measure(false, bare, 2)])
     const paced = await bare.paced(Math.min(commands, 50))
-    for (const [name, { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines }] of topologies) {
+    for (const [
+      name,
+      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perRun },
+    ] of topologies) {
       console.log(`${name}:`)
       console.log(
         `  POST runs → first bash true result (${runs} runs): p50 ${ms(pct(first, 50))}, p95 ${ms(pct(first, 95))} (goal p50 < 1500 ms)`,
@@ -288,6 +313,10 @@ const main = async () => {
           `  of those runs, on a warm machine ready: ${takes.length - waited.length}; on one being made, waited for: ${waited.length}${waited.length > 0 ? ` (p50 ${ms(pct(waited, 50))})` : ""}; on a machine of their own: ${runs - takes.length}`,
         )
       }
+      if (perRun !== undefined)
+        console.log(
+          `  server CPU per run, one after another (start, first result, finish, its machine's removal, the pool's refill): ${ms(perRun.cpuMs)} in ${ms(perRun.wallMs)} of wall time`,
+        )
       console.log(
         `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}`,
       )
