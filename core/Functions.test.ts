@@ -1,8 +1,9 @@
 import { expect, layer } from "@effect/vitest"
 import { Effect, Option } from "effect"
 import { Version } from "../schema/Function.ts"
-import type { AccountId, Actor, BaseName, FunctionId, ProviderRef } from "../schema/Ids.ts"
+import type { AccountId, FunctionId } from "../schema/Ids.ts"
 import { layerAll } from "../test/harness/NatsServer.ts"
+import { testVersion } from "../test/harness/versions.ts"
 import { functionKeys, make, makeKeeping } from "./Functions.ts"
 import { makeId } from "./Ids.ts"
 import * as Kv from "./Kv.ts"
@@ -10,23 +11,8 @@ import { Storage } from "./Storage.ts"
 
 const ACCOUNT = makeId("acc") as AccountId
 
-const versionOf = (fn: FunctionId, n: number, prompt = `prompt ${n}`): Version => ({
-  base: "debian-bookworm-20261126-b7ddadfe773d" as BaseName,
-  setup: [],
-  provider: "none" as ProviderRef,
-  system_prompt: prompt,
-  tools: [],
-  custom_tools: [],
-  input_manifest: [],
-  output_manifest: [{ path: "result.txt", max_bytes: 1000 }],
-  environment: [],
-  size: "s",
-  timeout_minutes: 10,
-  function: fn,
-  version: n,
-  created_at: new Date().toISOString(),
-  created_by: makeId("usr") as Actor,
-})
+const versionOf = (fn: FunctionId, n: number, prompt = `prompt ${n}`): Version =>
+  testVersion(fn, n, { system_prompt: prompt })
 
 /** Removes version `n` of `fn` from KV behind the store's back: only a version kept in memory is still answered. */
 const removeFromKv = (fn: FunctionId, n: number) =>

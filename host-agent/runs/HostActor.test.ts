@@ -35,19 +35,12 @@ import * as WrappedKeyStore from "../../core/WrappedKeyStore.ts"
 import { Host as HostActorDef, type HostMessage } from "../../schema/actors/Host.ts"
 import { CommandRecord } from "../../schema/Command.ts"
 import type { Version } from "../../schema/Function.ts"
-import type {
-  AccountId,
-  BaseName,
-  FunctionId,
-  ProviderRef,
-  RunId,
-  UploadId,
-  UserId,
-} from "../../schema/Ids.ts"
+import type { AccountId, BaseName, FunctionId, RunId, UploadId, UserId } from "../../schema/Ids.ts"
 import { emptyUsage, StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import { uniqueName, uniquePrefix } from "../../test/harness/names.ts"
+import { testVersion } from "../../test/harness/versions.ts"
 import { BasesSettings, ensureTestBase } from "../bases/Bases.ts"
 import { connect } from "../guest/GuestSession.ts"
 import { archive, entry } from "../guest/testing.ts"
@@ -149,24 +142,7 @@ const publish = (definition: Partial<Version>) =>
       const id = makeId("fnc") as FunctionId
       yield* functions.create(
         ACC,
-        {
-          base: baseName,
-          setup: [],
-          provider: "none" as ProviderRef,
-          system_prompt: "",
-          tools: [],
-          custom_tools: [],
-          input_manifest: [],
-          output_manifest: [{ path: "result.txt", max_bytes: 1000 }],
-          environment: [],
-          size: "s",
-          timeout_minutes: 10,
-          ...definition,
-          function: id,
-          version: 1,
-          created_at: new Date().toISOString(),
-          created_by: USR,
-        },
+        testVersion(id, 1, { base: baseName, ...definition, created_by: USR }),
         "test",
       )
       return id
