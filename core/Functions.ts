@@ -14,9 +14,10 @@
  * the function record, which does.
  *
  * A version is never changed once written (`create` refuses a second write of its key) and never
- * deleted, so each process keeps the versions it read or wrote (the newest, up to `VERSIONS_KEPT_BYTES`): a
- * run's start reads its version in the gateway and again in the host agent, each a round trip on
- * the way to the run's first result. A version not found is not kept (it may be published next).
+ * deleted, so each process keeps the versions it read or wrote (the newest, up to
+ * `VERSIONS_KEPT_BYTES`): a run's start reads its version in the gateway and again in the host
+ * agent, each a round trip on the way to the run's first result. A version not found is not kept
+ * (it may be published next).
  */
 import { Context, Effect, Layer, Option, Schema } from "effect"
 import { ApiError } from "../schema/Errors.ts"
