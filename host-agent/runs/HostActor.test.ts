@@ -134,7 +134,7 @@ const send = (message: HostMessage, msgId: string) =>
 
 const commandsKv = Effect.flatMap(Storage.Storage, (s) => Kv.make(s.names.kv.commands.name, CommandRecord))
 
-/** Publishes a function whose version 1 is `definition` over the defaults below. */
+/** Publishes a function whose version 1 is `definition` over `testVersion`'s defaults (on the test base). */
 const publish = (definition: Partial<Version>) =>
   run(
     Effect.gen(function* () {
