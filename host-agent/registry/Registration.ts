@@ -3,9 +3,10 @@
  * `heartbeatMs` (and on every capacity change), and removed when the scope closes.
  *
  * The bases on disk (finished, and being built) are read for the first write and for every
- * heartbeat; a write for a capacity change reuses the last read. A capacity change comes several
- * times a run, and reading the bases is a dozen file reads on the host agent's thread while the
- * run starts; a base is built or removed in minutes, and a heartbeat lists it.
+ * heartbeat; a write for a capacity change takes them from the record last written. A capacity
+ * change comes several times a run, and reading the bases is a dozen file reads on the host
+ * agent's thread while the run starts; a base is built or removed in minutes, and a heartbeat
+ * lists it.
  *
  * Every write is compare-and-set on the revision this agent last wrote, serialized by one permit
  * and uninterruptible, so the heartbeat, a capacity change and the final delete never overtake one
@@ -115,16 +116,15 @@ export const make: Effect.Effect<
   const revision = yield* Ref.make(0)
   const last = yield* Ref.make<HostRecord | undefined>(undefined)
 
-  // The bases as last read: `fresh` reads them again (the first write, the heartbeat).
-  let listed: Pick<HostRecord, "bases" | "building"> | undefined
+  // The bases: read again when `fresh` (the first write, the heartbeat), else as last written.
   const basesListing = (fresh: boolean) =>
     Effect.gen(function* () {
-      if (fresh || listed === undefined)
-        listed = {
-          bases: yield* Listing.onDisk(basesDir, recipes),
-          building: yield* Listing.buildingIn(basesDir, recipes),
-        }
-      return listed
+      const written = yield* Ref.get(last)
+      if (!fresh && written !== undefined) return { bases: written.bases, building: written.building }
+      return {
+        bases: yield* Listing.onDisk(basesDir, recipes),
+        building: yield* Listing.buildingIn(basesDir, recipes),
+      }
     })
 
   const compose = (state: CapacityState, fresh: boolean) =>
