@@ -28,13 +28,19 @@ const bodiesOn = (stream: string, subject: string) =>
     }
   })
 
+/** The mailbox stream, and the mailboxes of two actors `a` and `b` of type `t` in `partition`. */
+const mailboxes = (partition: number) =>
+  Effect.map(Storage, ({ names }) => ({
+    stream: names.streams.MAILBOX.name,
+    a: names.subjects.mailbox("t", partition, "a"),
+    b: names.subjects.mailbox("t", partition, "b"),
+  }))
+
 describe("an outbox published", () => {
   it.effect("keeps one subject's sends in order, and answers an ask only once every effect is stored", () =>
     withClient(server.url, () =>
       Effect.gen(function* () {
-        const { names } = yield* Storage
-        const stream = names.streams.MAILBOX.name
-        const [a, b] = [names.subjects.mailbox("t", 0, "a"), names.subjects.mailbox("t", 0, "b")]
+        const { stream, a, b } = yield* mailboxes(0)
         const send = (subject: string, body: string): OutboxEntry => ({
           _tag: "Send",
           subject,
@@ -78,9 +84,7 @@ describe("an outbox published", () => {
   it.effect("a send that fails keeps the later sends of its subject out, and fails the outbox", () =>
     withClient(server.url, () =>
       Effect.gen(function* () {
-        const { names } = yield* Storage
-        const stream = names.streams.MAILBOX.name
-        const [a, b] = [names.subjects.mailbox("t", 1, "a"), names.subjects.mailbox("t", 1, "b")]
+        const { stream, a, b } = yield* mailboxes(1)
         // Over the server's largest message (1 MiB by default): refused before anything is stored.
         const tooBig = "x".repeat(2 * 1024 * 1024)
         const failed = yield* publishAll(stream, [
