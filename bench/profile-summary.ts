@@ -3,13 +3,17 @@
  * the time was spent, self time only: an npm package, a file of this project, Node's own code,
  * garbage collection; then the functions with the most self time. With `per=<n>`, each figure is
  * also divided by n (say, the commands the profiles cover) to print milliseconds per command.
+ * With `--callers=<place>` (say `effect`), the self time spent in that place is also summed by the
+ * project file nearest it on the stack: which of our files spent it (a package's time is otherwise
+ * spread over its own functions).
  *
- *   node --import tsx bench/profile-summary.ts [--per=<n>] [--top=<n>] <file.cpuprofile> ...
+ *   node --import tsx bench/profile-summary.ts [--per=<n>] [--top=<n>] [--callers=<place>] <file.cpuprofile> ...
  */
 import { readFile } from "node:fs/promises"
 
 interface ProfileNode {
   readonly id: number
+  readonly children?: ReadonlyArray<number>
   readonly callFrame: {
     readonly functionName: string
     readonly url: string
@@ -29,6 +33,7 @@ const option = (name: string) => {
 }
 const per = option("per")
 const top = option("top") ?? 25
+const callersOf = args.find((a) => a.startsWith("--callers="))?.slice("--callers=".length)
 const files = args.filter((a) => !a.startsWith("--"))
 
 /** Where a frame's code is: a package, a project file, Node's own, or the VM's. */
@@ -42,22 +47,38 @@ const placeOf = (node: ProfileNode): string => {
   return own ? (own[1] as string) : url
 }
 
+/** Whether a frame's code is a file of this project (not a package's, Node's or the VM's). */
+const isOwn = ({ callFrame: { url } }: ProfileNode) =>
+  url !== "" && !url.startsWith("node:") && !url.includes("node_modules/")
 const byPlace = new Map<string, number>()
 const byFunction = new Map<string, number>()
+const byCaller = new Map<string, number>()
 let total = 0
 for (const file of files) {
   const profile = JSON.parse(await readFile(file, "utf8")) as Profile
   const nodes = new Map(profile.nodes.map((n) => [n.id, n]))
+  const parents = new Map<number, ProfileNode>()
+  for (const n of profile.nodes) for (const c of n.children ?? []) parents.set(c, n)
+  // The project file nearest `node` on its stack.
+  const callerOf = (node: ProfileNode) => {
+    for (let n: ProfileNode | undefined = node; n !== undefined; n = parents.get(n.id))
+      if (isOwn(n)) return placeOf(n)
+    return "(none of ours)"
+  }
   profile.samples.forEach((id, i) => {
     const node = nodes.get(id)
     const us = profile.timeDeltas[i] ?? 0
     if (!node) return
     const place = placeOf(node)
-    if (place === "(idle)") return
+    if (place === "((idle))") return
     total += us
     byPlace.set(place, (byPlace.get(place) ?? 0) + us)
     const fn = `${node.callFrame.functionName || "(anonymous)"} ${place}:${node.callFrame.lineNumber + 1}`
     byFunction.set(fn, (byFunction.get(fn) ?? 0) + us)
+    if (place === callersOf) {
+      const caller = callerOf(node)
+      byCaller.set(caller, (byCaller.get(caller) ?? 0) + us)
+    }
   })
 }
 
@@ -72,3 +93,7 @@ console.log("by place:")
 for (const [name, us] of sorted(byPlace).slice(0, top)) console.log(row(name, us))
 console.log("by function:")
 for (const [name, us] of sorted(byFunction).slice(0, top)) console.log(row(name, us))
+if (callersOf !== undefined) {
+  console.log(`${callersOf}, by the project file nearest it on the stack:`)
+  for (const [name, us] of sorted(byCaller).slice(0, top)) console.log(row(name, us))
+}

@@ -40,17 +40,22 @@ const blocks = Math.max(1, Math.min(commands, Number(process.argv[4] ?? 8)))
 const only = new Set((process.argv[5] ?? "one,roles,warm").split(","))
 /**
  * `BENCH_CPU_PROFILE=<folder>`: this process's CPU profile of each block of one-request commands
- * (the server's, when its roles run here), written there as `one-<n>.cpuprofile` (open in Chrome's
- * DevTools; `bench/profile-summary.ts` sums it by package and file).
+ * (the server's, when its roles run here), written there as `one-<n>.cpuprofile`, and of the runs
+ * one after another as `runs-<n>.cpuprofile` (open in Chrome's DevTools;
+ * `bench/profile-summary.ts` sums it by package and file).
  */
 const profileDir = process.env.BENCH_CPU_PROFILE
 const profiling = profileDir === undefined ? undefined : new Session()
 let profiled = 0
-const keepProfile = async ({ profile }: { profile: unknown }) => {
-  const file = join(profileDir ?? "", `one-${++profiled}.cpuprofile`)
-  await writeFile(file, JSON.stringify(profile))
-  console.log(`CPU profile of a block of one-request commands: ${file}`)
-}
+const keepProfile =
+  (what: "one" | "runs") =>
+  async ({ profile }: { profile: unknown }) => {
+    const file = join(profileDir ?? "", `${what}-${++profiled}.cpuprofile`)
+    await writeFile(file, JSON.stringify(profile))
+    console.log(
+      `CPU profile of ${what === "one" ? "a block of one-request commands" : "the runs one after another"}: ${file}`,
+    )
+  }
 if (profiling) {
   profiling.connect()
   await profiling.post("Profiler.enable")
@@ -168,11 +173,13 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       if (m.started !== undefined) {
         stack.runs.add(m.started)
         linesFrom ??= stack.lines.length
+        if (runs0 === undefined && profiling && !stack.processes) void profiling.post("Profiler.start")
         runs0 ??= { cpu: process.cpuUsage(), at: performance.now() }
       }
       if (m.phase === "paced") {
         firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
         if (runs0 !== undefined && !stack.processes) {
+          if (profiling) void profiling.post("Profiler.stop").then(keepProfile("runs"))
           const used = process.cpuUsage(runs0.cpu)
           perRun = {
             cpuMs: (used.user + used.system) / 1000 / runs,
@@ -186,7 +193,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       }
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
-        if (m.phase === "one" && profiling) void profiling.post("Profiler.stop").then(keepProfile)
+        if (m.phase === "one" && profiling) void profiling.post("Profiler.stop").then(keepProfile("one"))
         if (m.phase === "one") cpuOneUs += used.user + used.system
         else cpuUs += used.user + used.system
         // As many bare execs as the block had commands.
