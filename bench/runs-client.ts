@@ -4,7 +4,10 @@
  * keep-alive connection (a client's usual reuse) through `node:http`, not `fetch`: undici's `fetch`
  * took twice the CPU here (1.9 against 0.9 ms per command), and the caller shares this machine's
  * two cores with the guest, whose `bash` that slows (one core kept busy takes a bare exec from 2.7
- * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts, and `{ phase: "paced" }`
+ * to 4.2 ms). Tells its parent `{ started: runId }` for every run it starts, `{ step }` as a run
+ * one after another passes each step (`start`, about to ask; `first`, its first result; `finish`,
+ * its finish answered; `ended`, seen ended; each awaited, so the parent counts its CPU up to it
+ * before the next request; a paced run's first result is `paced first`), and `{ phase: "paced" }`
  * between the runs one after another and the paced ones; runs the round-trip phase in `blocks`
  * blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its command count) and
  * followed by a wait for any message from the parent; then as many commands sent in one request
@@ -93,9 +96,13 @@ const start = async () => {
   return String(run.id)
 }
 
+/** Tells the parent a run one after another reached `step`, once it has taken the message. */
+const step = (name: string) => new Promise<void>((ok) => process.send?.({ step: name }, () => ok()) ?? ok())
+
 /** Finishes the run as failed and waits for it to end (the next start should find the room free). */
-const finish = async (run: string) => {
+const finish = async (run: string, answered?: () => Promise<void>) => {
   await api("POST", `/v1/runs/${run}/commands`, { kind: "finish", arguments: { state: "failed" } })
+  await answered?.()
   for (;;) {
     const r = await api("GET", `/v1/runs/${run}`)
     if (r.state === "succeeded" || r.state === "failed") return
@@ -105,11 +112,14 @@ const finish = async (run: string) => {
 
 const first: Array<number> = []
 for (let i = 0; i < Number(runsArg); i++) {
+  await step("start")
   const t0 = performance.now()
   const run = await start()
   await bashTrue(run)
   first.push(performance.now() - t0)
-  await finish(run)
+  await step("first")
+  await finish(run, () => step("finish"))
+  await step("ended")
 }
 // The same, a run started every `pacedMs` (as callers that are not one loop start them): what a
 // start costs once the host has caught up with the last one (warm machines made again).
@@ -117,10 +127,12 @@ const pacedMs = 500
 const paced: Array<number> = []
 send({ phase: "paced" })
 for (let i = 0; i < Math.ceil(Number(runsArg) / 2); i++) {
+  await step("start")
   const t0 = performance.now()
   const run = await start()
   await bashTrue(run)
   paced.push(performance.now() - t0)
+  await step("paced first")
   await finish(run)
   await new Promise((ok) => setTimeout(ok, Math.max(0, pacedMs - (performance.now() - t0))))
 }

@@ -16,8 +16,9 @@
  * Goals on this machine: start → first result p50 < 1.5 s (issue 25: ≤ 100 ms warm); command round
  * trip p50 < 15 ms and under 2× the bare exec in one process (3× with a process per role). In one
  * process it also prints the server's CPU per run while runs go one after another, beside the wall
- * time a run took: a start there waits mostly for the one thread's other work. Prints figures;
- * asserts nothing.
+ * time a run took: a start there waits mostly for the one thread's other work; and the same split
+ * by the caller's steps (the start up to its first result, the finish's answer, the run seen
+ * ended). Prints figures; asserts nothing.
  *
  *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8] [topologies=one,roles,warm]
  */
@@ -133,6 +134,8 @@ interface Figures {
    * in this process: how near one thread's whole time a run takes.
    */
   readonly perRun: { readonly cpuMs: number; readonly wallMs: number } | undefined
+  /** As `perRun`, per step of the caller's (from the step before to it), in the order they came. */
+  readonly perStep: ReadonlyArray<{ readonly step: string; readonly cpuMs: number; readonly wallMs: number }>
 }
 
 /**
@@ -156,10 +159,14 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     // The same over the runs one after another (from the first start to the paced phase).
     let runs0: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
     let perRun: Figures["perRun"]
+    // CPU and wall time up to each step of the runs one after another, from the step before.
+    const steps = new Map<string, { cpuUs: number; wallMs: number; n: number }>()
+    let lastStep: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
     let cpuUs = 0
     let cpuOneUs = 0
     child.on("message", (raw) => {
       const m = raw as {
+        step?: string
         started?: string
         phase?: string
         block?: string
@@ -169,6 +176,19 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         paced?: Array<number>
         pacedMs?: number
         rtt?: Array<number>
+      }
+      if (m.step !== undefined && !stack.processes) {
+        const [cpu, at] = [process.cpuUsage(), performance.now()]
+        if (lastStep !== undefined && m.step !== "start") {
+          const used = process.cpuUsage(lastStep.cpu)
+          const s = steps.get(m.step) ?? { cpuUs: 0, wallMs: 0, n: 0 }
+          steps.set(m.step, {
+            cpuUs: s.cpuUs + used.user + used.system,
+            wallMs: s.wallMs + at - lastStep.at,
+            n: s.n + 1,
+          })
+        }
+        lastStep = { cpu, at }
       }
       if (m.started !== undefined) {
         stack.runs.add(m.started)
@@ -223,6 +243,11 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
           },
           firstLines,
           perRun,
+          perStep: [...steps].map(([step, s]) => ({
+            step,
+            cpuMs: s.cpuUs / 1000 / s.n,
+            wallMs: s.wallMs / s.n,
+          })),
         })
     })
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
@@ -302,7 +327,7 @@ const main = async () => {
     const paced = await bare.paced(Math.min(commands, 50))
     for (const [
       name,
-      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perRun },
+      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perRun, perStep },
     ] of topologies) {
       console.log(`${name}:`)
       console.log(
@@ -324,8 +349,19 @@ const main = async () => {
         console.log(
           `  server CPU per run, one after another (start, first result, finish, its machine's removal, the pool's refill): ${ms(perRun.cpuMs)} in ${ms(perRun.wallMs)} of wall time`,
         )
+      const named: Record<string, string> = {
+        first: "start to first result",
+        finish: "then the finish answered",
+        ended: "then the run seen ended",
+      }
+      const oneAfterAnother = perStep.filter((s) => s.step in named)
+      if (oneAfterAnother.length > 0)
+        console.log(
+          `  the same by the caller's steps: ${oneAfterAnother.map((s) => `${named[s.step]} ${ms(s.cpuMs)} in ${ms(s.wallMs)}`).join("; ")}`,
+        )
+      const pacedStart = perStep.find((s) => s.step === "paced first")
       console.log(
-        `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}`,
+        `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}${pacedStart === undefined ? "" : `; server CPU from start to first result ${ms(pacedStart.cpuMs)} in ${ms(pacedStart.wallMs)}`}`,
       )
       console.log(
         `  command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms)${cpuMs === undefined ? "" : `; server CPU ${cpuMs.toFixed(2)} ms per command`}`,
