@@ -482,12 +482,14 @@ describe("the agent with OpenAI", () => {
   it("retries a vendor that answers 503 and goes on", async () => {
     const fn = await agentFunction()
     const from = openai.requests.length
-    const started = await startRun(stack, acct, fn.function)
-    // Armed once the run is ready, so the catalog and other requests are not hit.
-    await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
-    openai.failNext(2, { status: 503, json: { error: { message: "overloaded", type: "server_error" } } })
+    // Scripted before the start, on the model's route alone (the catalog and other requests are
+    // not hit): armed once the run was seen running, the first ask could come before it and get
+    // the fake's "nothing scripted" 500, a fifth request.
+    const overloaded = { status: 503, json: { error: { message: "overloaded", type: "server_error" } } }
+    openai.enqueue("responses", overloaded, overloaded)
     openai.replyToolCalls([writeOutput("b", "ok")])
     openai.replyToolCalls([{ id: "s", name: "submit_result", arguments: { summary: "after retries" } }])
+    const started = await startRun(stack, acct, fn.function)
     const run = await ended(started.id, "succeeded")
     expect(run.message).toBe("after retries")
     const chatRequests = openai.requests.slice(from).filter((r) => r.path === "/v1/responses")
@@ -540,19 +542,20 @@ describe("the other vendors", () => {
 describe("quotas and rate limits", () => {
   it("google: a daily quota spent fails the run provider at once with Google's words; a per-minute limit is waited out", async () => {
     const fn = await agentFunction({ provider: providers.google })
+    // Each run's answers are scripted before it starts, on the model's route alone (the catalog
+    // and other requests are not hit; armed once a run was seen running, its first ask could
+    // come before them and get the fake's "nothing scripted" 500, one ask more).
+    google.enqueue("generateContent", GoogleFake.quotaExhausted())
     let started = await startRun(stack, acct, fn.function)
-    await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
-    google.failNext(1, GoogleFake.quotaExhausted())
     const spent = await ended(started.id, "failed")
     expect(spent.failure).toBe("provider")
     expect(spent.detail).toContain("You exceeded your current quota")
 
-    started = await startRun(stack, acct, fn.function)
-    await waitRun(stack, acct, started.id, { until: (r) => r.state === "running" })
     const from = google.requests.length
-    google.failNext(1, GoogleFake.rateLimited("1s"))
+    google.enqueue("generateContent", GoogleFake.rateLimited("1s"))
     google.replyToolCalls([writeOutput("q1", "ok")])
     google.replyToolCalls([{ id: "q2", name: "submit_result", arguments: { summary: "after the wait" } }])
+    started = await startRun(stack, acct, fn.function)
     const run = await ended(started.id, "succeeded")
     expect(run.message).toBe("after the wait")
     // The limited call, then the next one no sooner than the RetryInfo asked (the loop's own backoff
