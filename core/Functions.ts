@@ -115,11 +115,6 @@ export const makeKeeping = (keptBytes: number): Effect.Effect<FunctionsService, 
       kept.set(key, { version, bytes })
       keptTotal += bytes
     }
-    const keptVersions: Kv.Kv<Version> = {
-      ...versions,
-      create: (key, v) => Effect.tap(versions.create(key, v), () => keep(key, v)),
-    }
-
     const version: FunctionsService["version"] = (id, n) => {
       if (!isFunctionId(id) || !Number.isSafeInteger(n) || n < 1) return Effect.succeed(Option.none())
       const key = functionKeys.version(id, n)
@@ -137,7 +132,9 @@ export const makeKeeping = (keptBytes: number): Effect.Effect<FunctionsService, 
     const create: FunctionsService["create"] = (account, v, name) =>
       Effect.gen(function* () {
         // The version first: a function record always has its latest version to show.
-        yield* keptVersions.create(functionKeys.version(v.function, 1), v)
+        const key = functionKeys.version(v.function, 1)
+        yield* versions.create(key, v)
+        keep(key, v)
         yield* functions.create(functionKeys.function(account, v.function), {
           account,
           function: { id: v.function, name, latest: 1, updated_at: v.created_at, updated_by: v.created_by },
@@ -151,14 +148,14 @@ export const makeKeeping = (keptBytes: number): Effect.Effect<FunctionsService, 
         heads: functions,
         headKey: functionKeys.function(account, id),
         latestOf: (h) => h.function.latest,
-        versions: keptVersions,
+        versions,
         versionKey: (n) => functionKeys.version(id, n),
         make: makeVersion,
         advance: (h, n, v) => ({
           ...h,
           function: { ...h.function, latest: n, updated_at: v.created_at, updated_by: v.created_by },
         }),
-      })
+      }).pipe(Effect.tap((v) => keep(functionKeys.version(id, v.version), v)))
 
     const versionsOf: FunctionsService["versions"] = (id) =>
       isFunctionId(id)
