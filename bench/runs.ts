@@ -129,12 +129,11 @@ interface Figures {
   /** The host's log lines while the runs one after another started (their machines' takes). */
   readonly firstLines: ReadonlyArray<string>
   /**
-   * The server's CPU and the wall time per run while runs went one after another (each run's
-   * start, first result and finish, its machine's removal, the pool's refill), when its roles run
-   * in this process: how near one thread's whole time a run takes.
+   * The server's CPU and the wall time per step of the caller's (from the step before to it), in
+   * the order they came, when its roles run in this process; summed over a run one after another
+   * (its start, first result and finish, its machine's removal, the pool's refill), how near one
+   * thread's whole time a run takes.
    */
-  readonly perRun: { readonly cpuMs: number; readonly wallMs: number } | undefined
-  /** As `perRun`, per step of the caller's (from the step before to it), in the order they came. */
   readonly perStep: ReadonlyArray<{ readonly step: string; readonly cpuMs: number; readonly wallMs: number }>
 }
 
@@ -156,9 +155,6 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     let firstLines: ReadonlyArray<string> = []
     // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
-    // The same over the runs one after another (from the first start to the paced phase).
-    let runs0: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
-    let perRun: Figures["perRun"]
     // CPU and wall time up to each step of the runs one after another, from the step before.
     const steps = new Map<string, { cpuUs: number; wallMs: number; n: number }>()
     let lastStep: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
@@ -192,20 +188,13 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       }
       if (m.started !== undefined) {
         stack.runs.add(m.started)
+        // The runs one after another are profiled from the first start to the paced phase.
+        if (linesFrom === undefined && profiling && !stack.processes) void profiling.post("Profiler.start")
         linesFrom ??= stack.lines.length
-        if (runs0 === undefined && profiling && !stack.processes) void profiling.post("Profiler.start")
-        runs0 ??= { cpu: process.cpuUsage(), at: performance.now() }
       }
       if (m.phase === "paced") {
         firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
-        if (runs0 !== undefined && !stack.processes) {
-          if (profiling) void profiling.post("Profiler.stop").then(keepProfile("runs"))
-          const used = process.cpuUsage(runs0.cpu)
-          perRun = {
-            cpuMs: (used.user + used.system) / 1000 / runs,
-            wallMs: (performance.now() - runs0.at) / runs,
-          }
-        }
+        if (profiling && !stack.processes) void profiling.post("Profiler.stop").then(keepProfile("runs"))
       }
       if (m.block === "start") {
         if (m.phase === "one" && profiling) void profiling.post("Profiler.start")
@@ -242,7 +231,6 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
             cpuMs: stack.processes ? undefined : cpuOneUs / 1000 / commands,
           },
           firstLines,
-          perRun,
           perStep: [...steps].map(([step, s]) => ({
             step,
             cpuMs: s.cpuUs / 1000 / s.n,
@@ -327,7 +315,7 @@ const main = async () => {
     const paced = await bare.paced(Math.min(commands, 50))
     for (const [
       name,
-      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perRun, perStep },
+      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perStep },
     ] of topologies) {
       console.log(`${name}:`)
       console.log(
@@ -345,20 +333,22 @@ const main = async () => {
           `  of those runs, on a warm machine ready: ${takes.length - waited.length}; on one being made, waited for: ${waited.length}${waited.length > 0 ? ` (p50 ${ms(pct(waited, 50))})` : ""}; on a machine of their own: ${runs - takes.length}`,
         )
       }
-      if (perRun !== undefined)
-        console.log(
-          `  server CPU per run, one after another (start, first result, finish, its machine's removal, the pool's refill): ${ms(perRun.cpuMs)} in ${ms(perRun.wallMs)} of wall time`,
-        )
       const named: Record<string, string> = {
         first: "start to first result",
         finish: "then the finish answered",
         ended: "then the run seen ended",
       }
       const oneAfterAnother = perStep.filter((s) => s.step in named)
-      if (oneAfterAnother.length > 0)
+      if (oneAfterAnother.length > 0) {
+        const sum = (f: (s: (typeof perStep)[number]) => number) =>
+          oneAfterAnother.reduce((n, s) => n + f(s), 0)
+        console.log(
+          `  server CPU per run, one after another (start, first result, finish, its machine's removal, the pool's refill): ${ms(sum((s) => s.cpuMs))} in ${ms(sum((s) => s.wallMs))} of wall time`,
+        )
         console.log(
           `  the same by the caller's steps: ${oneAfterAnother.map((s) => `${named[s.step]} ${ms(s.cpuMs)} in ${ms(s.wallMs)}`).join("; ")}`,
         )
+      }
       const pacedStart = perStep.find((s) => s.step === "paced first")
       console.log(
         `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}${pacedStart === undefined ? "" : `; server CPU from start to first result ${ms(pacedStart.cpuMs)} in ${ms(pacedStart.wallMs)}`}`,
