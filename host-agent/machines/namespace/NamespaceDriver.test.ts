@@ -10,7 +10,7 @@ import { mountsOf, readText } from "../HostFiles.ts"
 import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
-import { cpusOf, loopsOf, make } from "./NamespaceDriver.ts"
+import { cpusOf, endMachineThread, loopsOf, make } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
@@ -326,6 +326,30 @@ describe("namespace driver", () => {
       // Also when an assertion failed: its processes would go on forking.
       await Effect.runPromise(quick.destroy(s.id))
     }
+  })
+
+  it("makes machines on a thread of its own: a request it never answered fails, and the next thread serves", async () => {
+    await endMachineThread()
+    // Asked of a thread just started, which is ended long before it has loaded the driver.
+    const lost = spec("lost")
+    const asked = Effect.runPromiseExit(driver.create(lost))
+    await new Promise((r) => setImmediate(r))
+    await endMachineThread()
+    const exit = await asked
+    expect(Exit.isFailure(exit)).toBe(true)
+    const error = Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none()
+    expect(Option.getOrThrow(error)).toMatchObject({
+      _tag: "MachineCreateFailed",
+      id: lost.id,
+      detail: expect.stringContaining("the machine thread exited"),
+    })
+    expect(await leftovers(lost.id)).toEqual([])
+    // The next request starts a new thread, which makes and removes machines as before.
+    await withMachine(spec("next"), async (m) => {
+      expect((await m.bash("echo again")).output).toBe("again\n")
+    })
+    await Effect.runPromise(driver.destroy(lost.id))
+    expect(await leftovers(lost.id)).toEqual([])
   })
 
   it("two machines run side by side on separate networks", async () => {
