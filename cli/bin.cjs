@@ -56,7 +56,7 @@ const makers = [
   "package-lock.json",
   join("node_modules", ".package-lock.json"),
   "cli/bin.cjs",
-  "cli/bundle.mjs",
+  "core/SourceUrls.mjs",
 ]
 
 /** The current bundle's folder when it is newer than every source and maker it was made from, else undefined. */
@@ -84,7 +84,7 @@ const writeWhole = (file, data) => {
 
 /** Bundles the user CLI and the operator commands into a new folder and makes it the current one; answers it. */
 const bundle = async () => {
-  const [{ build }, { sourceUrls }] = await Promise.all([import("esbuild"), import("./bundle.mjs")])
+  const [{ build }, { sourceUrls }] = await Promise.all([import("esbuild"), import("../core/SourceUrls.mjs")])
   mkdirSync(home, { recursive: true })
   const name = `b-${Date.now()}-${process.pid}`
   const dir = join(home, name)

@@ -1,5 +1,5 @@
 // The CLI bundle: `cli/bin.cjs` making, keeping and remaking it in a tools folder of its own (real
-// processes), and its `import.meta.url` plugin (`cli/bundle.mjs`) on a fixture bundled as
+// processes), and its `import.meta.url` plugin (`core/SourceUrls.mjs`) on a fixture bundled as
 // `cli/bin.cjs` bundles the CLI (one CommonJS file): a module that finds its folder from its own URL.
 import { spawnSync } from "node:child_process"
 import { readFileSync, statSync, utimesSync, writeFileSync } from "node:fs"
@@ -10,7 +10,7 @@ import { join } from "node:path"
 import { pathToFileURL } from "node:url"
 import { build } from "esbuild"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { sourceUrls } from "./bundle.mjs"
+import { sourceUrls } from "../core/SourceUrls.mjs"
 
 let dir = ""
 let tools = ""

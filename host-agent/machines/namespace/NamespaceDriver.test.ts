@@ -329,8 +329,10 @@ describe("namespace driver", () => {
   })
 
   it("makes machines on a thread of its own: a request it never answered fails, and the next thread serves", async () => {
+    // A removal of a machine never made: the thread's program is built and the thread up.
+    await Effect.runPromise(driver.destroy(testId("never")))
     await endMachineThread()
-    // Asked of a thread just started, which is ended long before it has loaded the driver.
+    // Asked of a thread just started, which is ended long before it has loaded its program.
     const lost = spec("lost")
     const asked = Effect.runPromiseExit(driver.create(lost))
     await new Promise((r) => setImmediate(r))

@@ -1,11 +1,13 @@
-// What `cli/bin.cjs` needs to bundle the CLI beyond esbuild itself, loaded only when it bundles.
+// What bundling our TypeScript with esbuild needs beyond esbuild itself: the CLI's bundles
+// (`cli/bin.cjs`, loaded only when it bundles) and the machine thread's (`NamespaceDriver.ts`).
 import { readFileSync } from "node:fs"
 import { pathToFileURL } from "node:url"
 
 /**
  * An esbuild plugin: a bundled module's `import.meta.url` is its source file's, as under tsx, so
  * code that finds files beside its own (`core/DataDir.ts`: the repository's root, and so `.data/`)
- * finds the same ones from the bundle in `.tools/cli/`.
+ * finds the same ones from the bundle in `.tools/cli/`, and the machine thread's tools
+ * (`exec-helper.pl`, `machine-root.pl`) are found beside their sources.
  */
 export const sourceUrls = {
   name: "source-urls",
