@@ -14,9 +14,10 @@
  * are mounted in a private mount namespace made just before crun, so the host never sees them and
  * they vanish with the machine's processes.
  *
- * Making and removing a machine run on a thread of their own (one per process, started at the
- * first): about 35 ms of synchronous work each (small files, cgroups, the tool runner's frames)
- * that would otherwise hold the thread every run's commands and actors share.
+ * Making and removing a machine run on a thread of their own (one per process, started with the
+ * host agent's driver, else at the first machine): about 35 ms of synchronous work a machine
+ * (small files, cgroups, the tool runner's frames) that would otherwise hold the thread every
+ * run's commands and actors share.
  */
 import {
   chmodSync,
@@ -493,6 +494,8 @@ type ThreadAnswer =
   | { readonly seq: number; readonly ok: true; readonly machine?: Machine }
   | { readonly seq: number; readonly ok: false; readonly step?: string; readonly detail: string }
 
+const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
+
 /** The machine thread's side: does what it is asked, and answers what came of it. */
 const serve = async (r: ThreadRequest): Promise<ThreadAnswer> => {
   try {
@@ -502,7 +505,7 @@ const serve = async (r: ThreadRequest): Promise<ThreadAnswer> => {
     return { seq: r.seq, ok: true }
   } catch (e) {
     if (e instanceof MachineCreateFailed) return { seq: r.seq, ok: false, step: e.step, detail: e.detail }
-    return { seq: r.seq, ok: false, detail: e instanceof Error ? e.message : String(e) }
+    return { seq: r.seq, ok: false, detail: messageOf(e) }
   }
 }
 
@@ -600,7 +603,7 @@ export const make = (
   create: (spec) =>
     Effect.tryPromise({
       try: () => inThread({ op: "create", settings: s, policy, spec }),
-      catch: (e) => new MachineCreateFailed({ id: spec.id, step: "?", detail: String(e) }),
+      catch: (e) => new MachineCreateFailed({ id: spec.id, step: "?", detail: messageOf(e) }),
     }).pipe(
       Effect.flatMap((a) =>
         a.ok && a.machine !== undefined
@@ -618,7 +621,7 @@ export const make = (
   destroy: (id) =>
     Effect.tryPromise({
       try: () => inThread({ op: "destroy", settings: s, policy, id }),
-      catch: (e) => new MachineDestroyFailed({ id, detail: String(e) }),
+      catch: (e) => new MachineDestroyFailed({ id, detail: messageOf(e) }),
     }).pipe(
       Effect.flatMap((a) =>
         a.ok ? Effect.void : Effect.fail(new MachineDestroyFailed({ id, detail: a.detail })),
