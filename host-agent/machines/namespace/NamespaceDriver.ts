@@ -121,6 +121,8 @@ export const hostIdOf = (s: Settings, slot: number) => s.idBase + slot * Oci.ID_
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
+const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
+
 const tcpOpen = (host: string, port: number) =>
   new Promise<boolean>((ok) => {
     const socket = connect({ host, port })
@@ -255,7 +257,7 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
     try {
       await f()
     } catch (e) {
-      failed.push(`${what}: ${e instanceof Error ? e.message : String(e)}`)
+      failed.push(`${what}: ${messageOf(e)}`)
     }
   }
   // crun's own record of the container: with no process left, `crun delete` only removes this
@@ -472,7 +474,7 @@ const createNow = async (
       handle: { pid, dir, netns: net.netns, hostIf: net.hostIf, hostAddress: net.hostAddress, hostId },
     }
   } catch (e) {
-    const detail = e instanceof Error ? e.message : String(e)
+    const detail = messageOf(e)
     // Rules still being placed would land after the cleanup removed them.
     await rules?.catch(() => undefined)
     await seedRemoved?.catch(() => undefined)
@@ -493,8 +495,6 @@ type ThreadRequest = ThreadJob & { readonly seq: number }
 type ThreadAnswer =
   | { readonly seq: number; readonly ok: true; readonly machine?: Machine }
   | { readonly seq: number; readonly ok: false; readonly step?: string; readonly detail: string }
-
-const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
 
 /** The machine thread's side: does what it is asked, and answers what came of it. */
 const serve = async (r: ThreadRequest): Promise<ThreadAnswer> => {
@@ -583,12 +583,23 @@ export const endMachineThread = async (): Promise<void> => {
   await thread?.terminate()
 }
 
-const inThread = (job: ThreadJob): Promise<ThreadAnswer> =>
+/** What the machine thread did not do: the step of a create that failed, and why. */
+class ThreadFailed extends Error {
+  constructor(
+    readonly step: string | undefined,
+    detail: string,
+  ) {
+    super(detail)
+  }
+}
+
+/** Asks the machine thread for `job`: a create answers its machine, a removal nothing. */
+const inThread = <A>(job: ThreadJob): Promise<A> =>
   machineThread().then(
     (worker) =>
-      new Promise((answer) => {
+      new Promise<A>((ok, fail) => {
         const seq = nextSeq++
-        asked.set(seq, answer)
+        asked.set(seq, (a) => (a.ok ? ok(a.machine as A) : fail(new ThreadFailed(a.step, a.detail))))
         worker.ref()
         worker.postMessage({ ...job, seq } satisfies ThreadRequest)
       }),
@@ -602,31 +613,19 @@ export const make = (
   kind: "namespace",
   create: (spec) =>
     Effect.tryPromise({
-      try: () => inThread({ op: "create", settings: s, policy, spec }),
-      catch: (e) => new MachineCreateFailed({ id: spec.id, step: "?", detail: messageOf(e) }),
-    }).pipe(
-      Effect.flatMap((a) =>
-        a.ok && a.machine !== undefined
-          ? Effect.succeed(a.machine)
-          : Effect.fail(
-              new MachineCreateFailed({
-                id: spec.id,
-                step: a.ok ? "?" : (a.step ?? "?"),
-                detail: a.ok ? "the machine thread answered no machine" : a.detail,
-              }),
-            ),
-      ),
-      Effect.withSpan("NamespaceDriver.create"),
-    ),
+      try: () => inThread<Machine>({ op: "create", settings: s, policy, spec }),
+      catch: (e) =>
+        new MachineCreateFailed({
+          id: spec.id,
+          step: (e instanceof ThreadFailed ? e.step : undefined) ?? "?",
+          detail: messageOf(e),
+        }),
+    }).pipe(Effect.withSpan("NamespaceDriver.create")),
   destroy: (id) =>
     Effect.tryPromise({
-      try: () => inThread({ op: "destroy", settings: s, policy, id }),
+      try: () => inThread<void>({ op: "destroy", settings: s, policy, id }),
       catch: (e) => new MachineDestroyFailed({ id, detail: messageOf(e) }),
-    }).pipe(
-      Effect.flatMap((a) =>
-        a.ok ? Effect.void : Effect.fail(new MachineDestroyFailed({ id, detail: a.detail })),
-      ),
-    ),
+    }),
   owned: (owner) => ownedIn(s.machinesDir, owner),
   claim: claimIn(s.machinesDir),
   keep: keepIn(s.machinesDir),
