@@ -130,6 +130,8 @@ export const bwrapBaseline: MachineDriverService = {
       },
       catch: (e) => new MachineCreateFailed({ id: spec.id, step: "baseline", detail: String(e) }),
     }),
+  // The bench makes no machine in the background.
+  wanted: () => Effect.void,
   destroy: (id) =>
     Effect.tryPromise({
       try: () => destroyNow(id),

@@ -13,6 +13,14 @@ export const readText = (path: string): string | undefined => {
   }
 }
 
+/** The nice value in a `/proc/…/stat` file (its 19th field), or none when it is not there. */
+export const niceIn = (stat: string): number | undefined => {
+  const text = readText(stat)
+  if (text === undefined) return undefined
+  // After the program's name, which may hold anything but ends at the last ")".
+  return Number(text.slice(text.lastIndexOf(")") + 2).split(" ")[16])
+}
+
 /** One line of a mountinfo file (`/proc/<pid>/mountinfo`). */
 export interface MountEntry {
   /** Where it is mounted, its octal escapes (`\040` for a space) read back. */

@@ -7,6 +7,7 @@
 
 import { chmodSync, mkdirSync, readdirSync, renameSync, writeFileSync } from "node:fs"
 import { readdir, readFile } from "node:fs/promises"
+import { getPriority, setPriority } from "node:os"
 import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
@@ -51,7 +52,21 @@ export interface MachineSpec {
    * restarts finds and removes what its earlier life left (`owned`).
    */
   readonly owner?: string
+  /**
+   * Made ahead of need (a warm machine, `WarmPool.ts`): until `wanted`, its making and its own
+   * processes yield the host's CPU to running work (nice `BACKGROUND_NICE`, or its weight), so a
+   * refill never slows the run that just took a machine.
+   */
+  readonly background?: boolean
 }
+
+/**
+ * The nice value of a background machine's work (`MachineSpec.background`), and the CPU weight of
+ * a group of its processes: the kernel's weight of a task at that nice (110 against 1,024 at 0).
+ */
+export const BACKGROUND_NICE = 10
+export const BACKGROUND_WEIGHT = 110
+export const NORMAL_WEIGHT = 1024
 
 /** Where the machine's sshd listens. */
 export interface SshEndpoint {
@@ -89,6 +104,12 @@ export interface MachineDriverService {
   readonly kind: "namespace" | "qemu"
   /** Makes a machine and returns once its sshd accepts connections; on failure nothing is left. */
   readonly create: (spec: MachineSpec) => Effect.Effect<Machine, MachineCreateFailed>
+  /**
+   * Machine `id`, made or being made in the background (`MachineSpec.background`), is wanted by a
+   * run now: from here on it, and what is left of its making, get the CPU as any run's machine.
+   * Answers at once; a machine not made in the background, or gone, is left as it is.
+   */
+  readonly wanted: (id: string) => Effect.Effect<void>
   /** Removes every trace of machine `id` (processes, mounts, devices, cgroups, network, files); idempotent. */
   readonly destroy: (id: string) => Effect.Effect<void, MachineDestroyFailed>
   /** The ids of the machines on this host made for `owner` (see `MachineSpec.owner`). */
@@ -133,6 +154,32 @@ export class MachineKeepFailed extends Data.TaggedError("MachineKeepFailed")<{
 export const alive = async (pid: number): Promise<boolean> => {
   const stat = readText(`/proc/${pid}/stat`)
   return stat !== undefined && stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
+}
+
+/**
+ * Sets every thread of process `pid` to `nice`, again until none is left at another (a thread may
+ * start meanwhile with its parent's); a process gone is left. Root may raise a priority.
+ */
+export const reniceAll = (pid: number, nice: number): void => {
+  for (let pass = 0; pass < 3; pass++) {
+    let tids: Array<string>
+    try {
+      tids = readdirSync(`/proc/${pid}/task`)
+    } catch {
+      return // gone
+    }
+    let changed = 0
+    for (const tid of tids) {
+      try {
+        if (getPriority(Number(tid)) === nice) continue
+        setPriority(Number(tid), nice)
+        changed++
+      } catch {
+        // the thread ended
+      }
+    }
+    if (changed === 0) return
+  }
 }
 
 /** What a machine id must be (it names the machine's folder, cgroups and network devices). */

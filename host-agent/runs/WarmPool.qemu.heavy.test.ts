@@ -1,11 +1,16 @@
 /**
  * The warm pool on the qemu driver (TCG here, KVM where it boots guests): a machine is booted
  * ahead, its session opened, a run takes it and runs at once on it, the pool boots the next, and
- * closing the pool leaves no process or folder of any machine it made.
+ * closing the pool leaves no process or folder of any machine it made. Booted ahead, QEMU runs in
+ * the background (niced) until a run takes the machine.
  */
+import { readdirSync } from "node:fs"
+import { join } from "node:path"
 import { Effect, Option } from "effect"
 import { afterAll, beforeAll, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
+import { niceIn, readText } from "../machines/HostFiles.ts"
+import { BACKGROUND_NICE } from "../machines/MachineDriver.ts"
 import { make, QemuDriverSettings } from "../machines/qemu/QemuDriver.ts"
 import { leftovers } from "../machines/qemu/testing.ts"
 import { startWarmPool, type TestPool, testHostId } from "./testing.ts"
@@ -14,6 +19,11 @@ import { startWarmPool, type TestPool, testHostId } from "./testing.ts"
 const driver = make({ ...QemuDriverSettings.defaults, accel: "tcg", readyTimeoutMs: 240_000 })
 const HOST = testHostId()
 const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(e)
+
+/** The nice values of process `pid`'s threads (each thread's `stat`, 19th field), each once. */
+const nicesOf = (pid: number) => [
+  ...new Set(readdirSync(`/proc/${pid}/task`).map((tid) => niceIn(`/proc/${pid}/task/${tid}/stat`))),
+]
 const seen = new Set<string>()
 let base: string
 let pool: TestPool | undefined
@@ -41,7 +51,13 @@ it("a qemu machine booted ahead is taken by a run with its session open, and the
   pool = await startWarmPool({ driver, host: HOST, machines: 1, vcpus: 4, sizes: ["s"] })
   const { pool: warm } = pool
   await until("a warm qemu machine", async () => (await run(warm.ready)).length === 1)
+  const [ready] = await run(warm.ready)
+  const qemu = Number(readText(join(QemuDriverSettings.defaults.machinesDir, ready?.id ?? "", "qemu.pid")))
+  expect(nicesOf(qemu)).toEqual([BACKGROUND_NICE])
   const taken = Option.getOrThrow(await run(warm.take(base, "s")))
+  // The run's now: every thread of its QEMU at 0.
+  expect(taken.machine.handle.pid).toBe(qemu)
+  expect(nicesOf(qemu)).toEqual([0])
   seen.add(taken.machine.id)
   expect(taken.machine.handle.accel).toBe("tcg")
   const out = await run(taken.guest.bash({ command: "echo warm on $(hostname); nproc" }))

@@ -3,12 +3,17 @@
  * makes two at once, hands a ready one out and makes another, lets a run wait for the machine being
  * made rather than make its own, gives that machine back to the pool when the run stops waiting,
  * keeps only what the host's free room would hold, and leaves nothing when it closes, even with
- * machines half made.
+ * machines half made. Its machines yield the CPU while they wait (made in the background) and get
+ * it back once taken or promised to a run.
  */
+
+import { join } from "node:path"
 import { ConfigProvider, Effect, Either, Fiber, Option } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
-import type { SizeName } from "../machines/MachineDriver.ts"
+import { readText } from "../machines/HostFiles.ts"
+import { BACKGROUND_WEIGHT, NORMAL_WEIGHT, type SizeName } from "../machines/MachineDriver.ts"
+import { groupOf } from "../machines/namespace/Cgroups.ts"
 import { make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, testDriverSettings } from "../machines/namespace/testing.ts"
 import { startWarmPool, type TestPool, testHostId } from "./testing.ts"
@@ -20,6 +25,10 @@ const HOST = testHostId()
 let base: string
 
 const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(e)
+
+/** Machine `id`'s CPU weight (its group's `cpu.shares`). */
+const weight = (id: string) =>
+  Number(readText(join(groupOf(testDriverSettings.cgroupRoot, "cpu", id), "cpu.shares")))
 
 let open: TestPool | undefined
 
@@ -70,13 +79,20 @@ describe("warm pool", () => {
     await until("two machines being made", async () => (await run(pool.making)).length === 2)
     expect(await run(pool.ready)).toEqual([])
     await until("two ready", async () => (await run(pool.ready)).length === 2)
-    const [first] = await run(pool.ready)
+    const [first, second] = await run(pool.ready)
+    // Made in the background: waiting, they yield the CPU to running work.
+    expect([weight(first?.id ?? ""), weight(second?.id ?? "")]).toEqual([
+      BACKGROUND_WEIGHT,
+      BACKGROUND_WEIGHT,
+    ])
 
     const taken = await run(pool.take(base, "s"))
     expect(Option.isSome(taken)).toBe(true)
     const warm = Option.getOrThrow(taken)
     expect(warm.machine.id).toBe(first?.id)
     expect(warm.machine.limits.vcpus).toBe(1)
+    // The run's now: it weighs as any run's machine; the one left waiting does not.
+    expect([weight(warm.machine.id), weight(second?.id ?? "")]).toEqual([NORMAL_WEIGHT, BACKGROUND_WEIGHT])
     const out = await run(warm.guest.bash({ command: "echo ready-$((6*7))" }))
     expect(out).toMatchObject({ exit_code: 0, output: "ready-42\n" })
     // The pool no longer holds it, and makes another in its place.
@@ -103,6 +119,8 @@ describe("warm pool", () => {
       (await run(pool.making)).some((m) => m.claimed),
     )
     const taken = Option.getOrThrow(await run(Fiber.join(waiting)))
+    // Promised while it was being made: the run's, weighing as any run's machine.
+    expect(weight(taken.machine.id)).toBe(NORMAL_WEIGHT)
     expect((await run(taken.guest.bash({ command: "true" }))).exit_code).toBe(0)
     await run(taken.close)
     await run(driver.destroy(taken.machine.id))

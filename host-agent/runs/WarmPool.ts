@@ -17,6 +17,10 @@
  *   for the run would be (and a second machine made beside it would slow both). If it is not made,
  *   the run's own machine is made as before. The pool begins another for itself meanwhile; should
  *   the run stop waiting, the one it gave back is kept and one made beyond the setting is removed.
+ * - A machine made for the pool is background work (`MachineSpec.background`): its making and its
+ *   processes yield the host's CPU to running work, so a refill does not slow the run that just
+ *   took a machine (nor any other run). Taken, or promised to a run that waits for it, it is
+ *   `wanted`: from then on it gets the CPU as any run's machine.
  * - The offered bases are read again at most every 5 s (and after a machine not made): the pool
  *   looks at them at every event, several times a run. A machine is begun 40 ms after the event
  *   that wants it, so the run that just took one starts first (`BEGIN_AFTER_MS`).
@@ -141,8 +145,9 @@ interface Entry extends Warm {
   readonly scope: Scope.CloseableScope
 }
 
-/** A machine being made: of which base and size, whether a run waits for it, and its end (made or not). */
+/** A machine being made: its id, of which base and size, whether a run waits for it, and its end (made or not). */
 interface Making {
+  readonly id: string
   readonly base: string
   readonly size: SizeName
   claimed: boolean
@@ -227,7 +232,7 @@ export const make = Effect.gen(function* () {
 
   const makeOne = (base: Bases.Base, size: SizeName, m: Making) =>
     Effect.gen(function* () {
-      const id = `${warmPrefix}${randomBytes(10).toString("hex")}`
+      const id = m.id
       const keys = { client: newKeyPair(), host: newKeyPair() }
       const scope = yield* Scope.make()
       const made = yield* driver
@@ -238,6 +243,8 @@ export const make = Effect.gen(function* () {
           authorizedKey: keys.client.public,
           hostKey: keys.host.private,
           owner: host.id,
+          // A run that waits for it already (it was promised before it was begun) wants it now.
+          background: !m.claimed,
         })
         .pipe(Effect.either)
       if (made._tag === "Left") {
@@ -329,6 +336,7 @@ export const make = Effect.gen(function* () {
           }
       if (want !== undefined) {
         const m: Making = {
+          id: `${warmPrefix}${randomBytes(10).toString("hex")}`,
           base: want.base.name,
           size: want.size,
           claimed: false,
@@ -402,7 +410,10 @@ export const make = Effect.gen(function* () {
       // None ready: the machine being made for the pool, promised to this run and waited for.
       const promised =
         found === undefined ? making.find((m) => !m.claimed && m.base === base && m.size === want) : undefined
-      if (promised !== undefined) promised.claimed = true
+      if (promised !== undefined) {
+        promised.claimed = true
+        yield* driver.wanted(promised.id)
+      }
       yield* fit
       yield* poke
       if (promised !== undefined) {
@@ -416,6 +427,8 @@ export const make = Effect.gen(function* () {
         found = yield* takeReady(base, want)
       }
       if (found === undefined) return Option.none()
+      // Made in the background: the run's from here.
+      yield* driver.wanted(found.machine.id)
       const { scope: _scope, size: _size, ...warm } = found
       yield* Effect.logInfo("warm machine taken").pipe(
         Effect.annotateLogs({

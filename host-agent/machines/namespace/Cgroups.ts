@@ -44,6 +44,8 @@ export interface Limits {
   readonly pids: number
   /** The host uid of the machine's root: it owns `cmds`, so the guest can make its commands' groups. */
   readonly guestOwner?: number
+  /** The group's CPU weight against others (`cpu.shares`); the kernel's 1,024 unless given. */
+  readonly cpuWeight?: number
 }
 
 /** Makes the groups and sets the limits. */
@@ -68,7 +70,19 @@ export const make = async (root: string, id: string, limits: Limits): Promise<vo
   }
   fs.writeFileSync(join(groupOf(root, "cpu", id), "cpu.cfs_period_us"), "100000")
   fs.writeFileSync(join(groupOf(root, "cpu", id), "cpu.cfs_quota_us"), String(limits.vcpus * 100000))
+  if (limits.cpuWeight !== undefined) setCpuWeight(root, id, limits.cpuWeight)
   fs.writeFileSync(join(groupOf(root, "pids", id), "pids.max"), String(limits.pids))
+}
+
+/** Sets the machine's CPU weight (`cpu.shares`); answers false when its group is not there. */
+export const setCpuWeight = (root: string, id: string, weight: number): boolean => {
+  try {
+    fs.writeFileSync(join(groupOf(root, "cpu", id), "cpu.shares"), String(weight))
+    return true
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return false
+    throw e
+  }
 }
 
 /** Limits the machine's disk, in its `blkio` group (made by `make`). */

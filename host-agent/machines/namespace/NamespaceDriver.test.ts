@@ -7,10 +7,16 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
 import { mountsOf, readText } from "../HostFiles.ts"
-import { type MachineSpec, scopedOn } from "../MachineDriver.ts"
+import {
+  BACKGROUND_NICE,
+  BACKGROUND_WEIGHT,
+  type MachineSpec,
+  NORMAL_WEIGHT,
+  scopedOn,
+} from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
-import { cpusOf, endMachineThread, loopsOf, make } from "./NamespaceDriver.ts"
+import { cpusOf, endMachineThread, loopsOf, machineThreadPriority, make } from "./NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
@@ -352,6 +358,50 @@ describe("namespace driver", () => {
     })
     await Effect.runPromise(driver.destroy(lost.id))
     expect(await leftovers(lost.id)).toEqual([])
+  })
+
+  it("a machine made in the background yields the CPU until wanted, and nothing in it runs niced", async () => {
+    const weight = (id: string) =>
+      Number(readText(join(Cgroups.groupOf(testDriverSettings.cgroupRoot, "cpu", id), "cpu.shares")))
+    const behind = spec("behind", { background: true })
+    await withMachine(behind, async (m) => {
+      // Made with nothing else under way: the thread and the tools it started ran in the
+      // background, and its processes' group weighs as a task at that nice.
+      expect(await machineThreadPriority()).toEqual({ thread: BACKGROUND_NICE, tools: BACKGROUND_NICE })
+      expect(weight(behind.id)).toBe(BACKGROUND_WEIGHT)
+      // Inside, its root and its first process (sshd) run at 0: the weight is the host's to change.
+      expect((await m.bash("nice; cut -d' ' -f19 /proc/1/stat")).output).toBe("0\n0\n")
+      await Effect.runPromise(driver.wanted(behind.id))
+      expect(weight(behind.id)).toBe(NORMAL_WEIGHT)
+    })
+    expect(await leftovers(behind.id)).toEqual([])
+
+    // A run's own machine: made at 0, and weighs what the kernel gives any group.
+    const own = spec("own")
+    await withMachine(own, async () => {
+      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(weight(own.id)).toBe(NORMAL_WEIGHT)
+    })
+
+    // Wanted before its request was sent, and wanted while it is being made: made as a run's.
+    const first = spec("wantfirst", { background: true })
+    const making = Effect.runPromise(driver.create(first))
+    await Effect.runPromise(driver.wanted(first.id))
+    await making
+    expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+    expect(weight(first.id)).toBe(NORMAL_WEIGHT)
+    await Effect.runPromise(driver.destroy(first.id))
+    const midway = spec("wantmidway", { background: true })
+    const begun = Effect.runPromise(driver.create(midway))
+    // Its folder is its making's first step.
+    while ((await readdir(testDriverSettings.machinesDir)).every((f) => f !== midway.id))
+      await new Promise((r) => setTimeout(r, 1))
+    await Effect.runPromise(driver.wanted(midway.id))
+    await begun
+    expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+    expect(weight(midway.id)).toBe(NORMAL_WEIGHT)
+    await Effect.runPromise(driver.destroy(midway.id))
+    for (const id of [own.id, first.id, midway.id]) expect(await leftovers(id)).toEqual([])
   })
 
   it("two machines run side by side on separate networks", async () => {

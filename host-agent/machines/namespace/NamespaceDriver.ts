@@ -18,6 +18,15 @@
  * host agent's driver, else at the first machine): about 35 ms of synchronous work a machine
  * (small files, cgroups, the tool runner's frames) that would otherwise hold the thread every
  * run's commands and actors share.
+ *
+ * A machine made in the background (a warm one, `MachineSpec.background`) yields the CPU to
+ * running work until a run wants it: while every job of the machine thread is such a making, the
+ * thread and the tools it starts (mkfs, crun, ip, nft…) run at `BACKGROUND_NICE`, and the
+ * machine's processes (its sshd starting, the pool's session to it) are in a group of weight
+ * `BACKGROUND_WEIGHT`. `wanted` gives both back; a removal, or a run's own machine, brings the
+ * thread back to 0 while it lasts (a run may wait for either). The machine's own first process is
+ * set back to 0 once crun made it, so nothing in a machine runs niced: its group's weight is what
+ * holds it back, and it is the host's to change.
  */
 import {
   chmodSync,
@@ -25,6 +34,7 @@ import {
   mkdirSync,
   readdirSync,
   readFileSync,
+  readlinkSync,
   realpathSync,
   rmSync,
   statfsSync,
@@ -33,7 +43,7 @@ import {
 } from "node:fs"
 import * as fs from "node:fs/promises"
 import { connect } from "node:net"
-import { availableParallelism } from "node:os"
+import { availableParallelism, setPriority } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { isMainThread, parentPort, SHARE_ENV, Worker, workerData } from "node:worker_threads"
@@ -41,10 +51,12 @@ import { Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
-import { readText } from "../HostFiles.ts"
+import { niceIn, readText } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
+  BACKGROUND_NICE,
+  BACKGROUND_WEIGHT,
   claimIn,
   guestSshdConfig,
   keepIn,
@@ -56,11 +68,12 @@ import {
   type MachineDriverService,
   type MachineSpec,
   machineFolder,
+  NORMAL_WEIGHT,
   ownedIn,
 } from "../MachineDriver.ts"
 import * as Disks from "../qemu/Disks.ts"
 import * as Cgroups from "./Cgroups.ts"
-import { launch, run } from "./exec.ts"
+import { launch, run, setToolNice, toolRunnerPid } from "./exec.ts"
 import * as Lxcfs from "./Lxcfs.ts"
 import * as Net from "./Net.ts"
 import * as Oci from "./Oci.ts"
@@ -354,6 +367,7 @@ const createNow = async (
   s: Settings,
   policy: Policy.PolicySettingsValue,
   spec: MachineSpec,
+  job: Job,
 ): Promise<Machine> => {
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
@@ -395,7 +409,13 @@ const createNow = async (
 
     // The disk's throttle is set once `machine-root.pl` has put it on a loop device (below).
     step = "cgroups"
-    await Cgroups.make(s.cgroupRoot, spec.id, { ...limits, pids: hostLimits(s).pidsMax, guestOwner: hostId })
+    await Cgroups.make(s.cgroupRoot, spec.id, {
+      ...limits,
+      pids: hostLimits(s).pidsMax,
+      guestOwner: hostId,
+      // Wanted meanwhile: the job is no longer in the background (`want`).
+      ...(job.background ? { cpuWeight: BACKGROUND_WEIGHT } : {}),
+    })
 
     step = "container"
     const cpus = cpusOf(limits.vcpus, pinnedNow(s))
@@ -431,6 +451,13 @@ const createNow = async (
         `the container was not created: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
       )
     const pid = Number(readFileSync(join(dir, "pid"), "utf8").trim())
+    // Made by a tool at this thread's nice: the machine's processes run at 0 (its group's weight
+    // holds back a background machine's).
+    try {
+      setPriority(pid, 0)
+    } catch {
+      // it ended: the steps below say so
+    }
 
     step = "disk throttle"
     Cgroups.throttleDisk(s.cgroupRoot, spec.id, {
@@ -484,28 +511,90 @@ const createNow = async (
   }
 }
 
-/** What the machine thread is asked: to make a machine, or to remove one. */
+/**
+ * What the machine thread is asked: to make a machine, or to remove one (answered); or that a
+ * machine made or being made in the background is wanted now (not answered); or, for tests, the
+ * nice values it runs at.
+ */
 type ThreadJob = { readonly settings: Settings; readonly policy: Policy.PolicySettingsValue } & (
   | { readonly op: "create"; readonly spec: MachineSpec }
   | { readonly op: "destroy"; readonly id: string }
+  | { readonly op: "want"; readonly id: string }
+  | { readonly op: "priority" }
 )
 type ThreadRequest = ThreadJob & { readonly seq: number }
 
-/** What it answers: the machine made (none for a removal), or the step that failed and why. */
+/** What it answers: the machine made (none for a removal), its priority when asked, or the step that failed and why. */
 type ThreadAnswer =
-  | { readonly seq: number; readonly ok: true; readonly machine?: Machine }
+  | { readonly seq: number; readonly ok: true; readonly machine?: Machine; readonly priority?: Priority }
   | { readonly seq: number; readonly ok: false; readonly step?: string; readonly detail: string }
 
-/** The machine thread's side: does what it is asked, and answers what came of it. */
-const serve = async (r: ThreadRequest): Promise<ThreadAnswer> => {
+/** The nice values the machine thread and its tool runner run at, as the kernel has them (tests). */
+export interface Priority {
+  readonly thread: number
+  /** None while no tool runner is started. */
+  readonly tools?: number
+}
+
+/** A job under way on the machine thread: its machine, and whether it is background work. */
+interface Job {
+  readonly id: string
+  background: boolean
+}
+
+/** On the machine thread: its jobs under way, by request. */
+const underWay = new Map<number, Job>()
+let threadNice = 0
+
+/**
+ * On the machine thread: `BACKGROUND_NICE` for the thread and its tools while every job under way
+ * is background work, else 0. Idle, it stays as it was: the next job sets it before its first step.
+ */
+const prioritize = () => {
+  if (underWay.size === 0) return
+  const nice = [...underWay.values()].every((j) => j.background) ? BACKGROUND_NICE : 0
+  if (nice === threadNice) return
+  threadNice = nice
+  setToolNice(nice)
   try {
+    // This thread's own id (a nice is a thread's own): `/proc/thread-self` is `<pid>/task/<tid>`.
+    setPriority(Number(readlinkSync("/proc/thread-self").split("/")[2]), nice)
+  } catch {
+    // Not allowed back to 0 (a host agent without CAP_SYS_NICE): its work goes on, only slower.
+  }
+}
+
+/** On the machine thread: machine `id` is wanted; its making, if under way, and its group are no longer background. */
+const want = (s: Settings, id: string) => {
+  for (const job of underWay.values()) if (job.id === id) job.background = false
+  prioritize()
+  try {
+    Cgroups.setCpuWeight(s.cgroupRoot, id, NORMAL_WEIGHT)
+  } catch {
+    // being removed
+  }
+}
+
+/** The machine thread's side: does what it is asked, and answers what came of it. */
+const serve = async (r: ThreadRequest & { readonly op: "create" | "destroy" }): Promise<ThreadAnswer> => {
+  // A removal is never background work: it gives back room a run may wait for.
+  const job: Job =
+    r.op === "create"
+      ? { id: r.spec.id, background: r.spec.background === true }
+      : { id: r.id, background: false }
+  underWay.set(r.seq, job)
+  try {
+    prioritize()
     if (r.op === "create")
-      return { seq: r.seq, ok: true, machine: await createNow(r.settings, r.policy, r.spec) }
+      return { seq: r.seq, ok: true, machine: await createNow(r.settings, r.policy, r.spec, job) }
     await destroyNow(r.settings, r.policy, r.id)
     return { seq: r.seq, ok: true }
   } catch (e) {
     if (e instanceof MachineCreateFailed) return { seq: r.seq, ok: false, step: e.step, detail: e.detail }
     return { seq: r.seq, ok: false, detail: messageOf(e) }
+  } finally {
+    underWay.delete(r.seq)
+    prioritize()
   }
 }
 
@@ -593,44 +682,94 @@ class ThreadFailed extends Error {
   }
 }
 
-/** Asks the machine thread for `job`: a create answers its machine, a removal nothing. */
-const inThread = <A>(job: ThreadJob): Promise<A> =>
+/**
+ * Asks the machine thread for `job` (made when it is sent: after the thread started): a create
+ * answers its machine, a removal nothing.
+ */
+const inThread = <A>(
+  job: () => ThreadJob,
+  answer: (a: ThreadAnswer & { ok: true }) => unknown = (a) => a.machine,
+) =>
   machineThread().then(
     (worker) =>
       new Promise<A>((ok, fail) => {
         const seq = nextSeq++
-        asked.set(seq, (a) => (a.ok ? ok(a.machine as A) : fail(new ThreadFailed(a.step, a.detail))))
+        asked.set(seq, (a) => (a.ok ? ok(answer(a) as A) : fail(new ThreadFailed(a.step, a.detail))))
         worker.ref()
-        worker.postMessage({ ...job, seq } satisfies ThreadRequest)
+        worker.postMessage({ ...job(), seq } satisfies ThreadRequest)
       }),
+  )
+
+/** The nice values the machine thread and its tool runner run at now (tests). */
+export const machineThreadPriority = (): Promise<Priority> =>
+  inThread(
+    () => ({
+      op: "priority",
+      settings: NamespaceDriverSettings.defaults,
+      policy: Policy.PolicySettings.defaults,
+    }),
+    (a) => a.priority,
   )
 
 /** The driver with the given settings; machine networks follow `policy` (the defaults unless given). */
 export const make = (
   s: Settings,
   policy: Policy.PolicySettingsValue = Policy.PolicySettings.defaults,
-): MachineDriverService => ({
-  kind: "namespace",
-  create: (spec) =>
-    Effect.tryPromise({
-      try: () => inThread<Machine>({ op: "create", settings: s, policy, spec }),
-      catch: (e) =>
-        new MachineCreateFailed({
-          id: spec.id,
-          step: (e instanceof ThreadFailed ? e.step : undefined) ?? "?",
-          detail: messageOf(e),
-        }),
-    }).pipe(Effect.withSpan("NamespaceDriver.create")),
-  destroy: (id) =>
-    Effect.tryPromise({
-      try: () => inThread<void>({ op: "destroy", settings: s, policy, id }),
-      catch: (e) => new MachineDestroyFailed({ id, detail: messageOf(e) }),
-    }),
-  owned: (owner) => ownedIn(s.machinesDir, owner),
-  claim: claimIn(s.machinesDir),
-  keep: keepIn(s.machinesDir),
-  adopt: adoptIn(s.machinesDir),
-})
+): MachineDriverService => {
+  // The machines made in the background and not wanted yet (`wanted`).
+  const behind = new Set<string>()
+  return {
+    kind: "namespace",
+    create: (spec) =>
+      Effect.tryPromise({
+        try: () => {
+          if (spec.background === true) behind.add(spec.id)
+          // Wanted before the request is sent: made as any run's.
+          return inThread<Machine>(() => ({
+            op: "create",
+            settings: s,
+            policy,
+            spec: { ...spec, background: behind.has(spec.id) },
+          })).catch((e) => {
+            behind.delete(spec.id)
+            throw e
+          })
+        },
+        catch: (e) =>
+          new MachineCreateFailed({
+            id: spec.id,
+            step: (e instanceof ThreadFailed ? e.step : undefined) ?? "?",
+            detail: messageOf(e),
+          }),
+      }).pipe(Effect.withSpan("NamespaceDriver.create")),
+    wanted: (id) =>
+      Effect.sync(() => {
+        if (!behind.delete(id)) return
+        // Made: its group's weight, from here (the thread may be busy making another).
+        try {
+          Cgroups.setCpuWeight(s.cgroupRoot, id, NORMAL_WEIGHT)
+        } catch {
+          // being removed
+        }
+        // Being made (its request sent, so the thread has it before this): what is left of its
+        // making, there; the thread sets the weight again, should its making set it after the line
+        // above.
+        thread?.postMessage({ op: "want", settings: s, policy, id, seq: -1 } satisfies ThreadRequest)
+      }),
+    destroy: (id) =>
+      Effect.tryPromise({
+        try: () => {
+          behind.delete(id)
+          return inThread<void>(() => ({ op: "destroy", settings: s, policy, id }))
+        },
+        catch: (e) => new MachineDestroyFailed({ id, detail: messageOf(e) }),
+      }),
+    owned: (owner) => ownedIn(s.machinesDir, owner),
+    claim: claimIn(s.machinesDir),
+    keep: keepIn(s.machinesDir),
+    adopt: adoptIn(s.machinesDir),
+  }
+}
 
 /** The namespace driver as the host's MachineDriver. */
 export const layer = Layer.effect(
@@ -651,5 +790,17 @@ export const layer = Layer.effect(
 // On the machine thread (its program is this file, bundled), requests are served.
 if (!isMainThread && (workerData as { machineThread?: unknown } | null)?.machineThread === true)
   parentPort?.on("message", (r: ThreadRequest) => {
+    if (r.op === "want") return want(r.settings, r.id)
+    if (r.op === "priority") {
+      const tools = toolRunnerPid()
+      return parentPort?.postMessage({
+        seq: r.seq,
+        ok: true,
+        priority: {
+          thread: niceIn("/proc/thread-self/stat") ?? Number.NaN,
+          ...(tools === undefined ? {} : { tools: niceIn(`/proc/${tools}/stat`) ?? Number.NaN }),
+        },
+      } satisfies ThreadAnswer)
+    }
     void serve(r).then((a) => parentPort?.postMessage(a))
   })

@@ -10,6 +10,7 @@
  * and each field's length in bytes, then the fields.
  */
 import { type ChildProcess, spawn } from "node:child_process"
+import { setPriority } from "node:os"
 import { fileURLToPath } from "node:url"
 
 interface Answer {
@@ -24,6 +25,29 @@ export const helperPath = fileURLToPath(new URL("./exec-helper.pl", import.meta.
 
 let helper: ChildProcess | undefined
 let nextId = 0
+/** The nice value of the helper, so of the tools it starts from then on (`setToolNice`). */
+let toolNice = 0
+
+const renice = (child: ChildProcess) => {
+  try {
+    if (child.pid !== undefined) setPriority(child.pid, toolNice)
+  } catch {
+    // it ended: the next one is started at `toolNice`
+  }
+}
+
+/** The tool runner's process id, while it runs. */
+export const toolRunnerPid = (): number | undefined => helper?.pid
+
+/**
+ * Runs the tools started from now on at `nice` (they inherit the helper's; those running keep
+ * theirs). The machine thread lowers it while all its work is in the background.
+ */
+export const setToolNice = (nice: number): void => {
+  if (nice === toolNice) return
+  toolNice = nice
+  if (helper !== undefined) renice(helper)
+}
 const pending = new Map<string, { readonly ok: (a: Answer) => void; readonly fail: (e: Error) => void }>()
 
 /** One frame of `fields`. */
@@ -69,6 +93,8 @@ const hold = (child: ChildProcess, held: boolean) => {
 const started = (): ChildProcess => {
   if (helper !== undefined) return helper
   const child = spawn("perl", [helperPath], { stdio: ["pipe", "pipe", "inherit"] })
+  // Set whatever the thread starting it runs at (a thread's nice is its own, and a fork's).
+  renice(child)
   let buffer = Buffer.alloc(0)
   child.stdout?.on("data", (chunk: Buffer) => {
     const { whole, rest } = frames(buffer.length === 0 ? chunk : Buffer.concat([buffer, chunk]))

@@ -12,6 +12,9 @@
  * - `user`: QEMU's user network with `restrict=on` (no way out) and only the SSH port forwarded to
  *   a loopback port of the host, for hosts where a test may not add devices.
  *
+ * A machine made in the background (`MachineSpec.background`) runs QEMU at `BACKGROUND_NICE` until
+ * `wanted` sets all its threads back to 0.
+ *
  * Everything a machine owns is its folder, its one process and, with `tap`, its device, slot and
  * policy chain. Not done yet: running QEMU as an unprivileged user in a sandbox.
  */
@@ -27,6 +30,7 @@ import * as Policy from "../../network/Policy.ts"
 import {
   adoptIn,
   alive,
+  BACKGROUND_NICE,
   claimIn,
   keepIn,
   limitsOf,
@@ -39,6 +43,7 @@ import {
   type MachineSpec,
   machineFolder,
   ownedIn,
+  reniceAll,
   type Size,
 } from "../MachineDriver.ts"
 import { run } from "../namespace/exec.ts"
@@ -254,6 +259,8 @@ const createNow = async (
   policy: Policy.PolicySettingsValue,
   cache: Shared,
   spec: MachineSpec,
+  /** The machines made in the background and not wanted yet. */
+  behind: ReadonlySet<string> = new Set(),
 ): Promise<Machine> => {
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
@@ -306,10 +313,13 @@ const createNow = async (
           ? `user,restrict=on,hostfwd=tcp:127.0.0.1:${ssh.port}-:22`
           : `tap,ifname=${tap.hostIf},script=no,downscript=no`
       const log = openSync(join(dir, "qemu.log"), "w")
-      const child = spawn(s.qemu, argsOf(dir, kernel, accel.accel, khz, limits, { guest, netdev }), {
-        detached: true,
-        stdio: ["ignore", log, log],
-      })
+      const args = argsOf(dir, kernel, accel.accel, khz, limits, { guest, netdev })
+      // In the background: every thread QEMU starts inherits the nice `nice` sets before its exec.
+      const niced = behind.has(spec.id)
+      const [program, argv] = niced
+        ? ["nice", ["-n", String(BACKGROUND_NICE), s.qemu, ...args]]
+        : [s.qemu, args]
+      const child = spawn(program, argv, { detached: true, stdio: ["ignore", log, log] })
       closeSync(log)
       const spawned = await new Promise<number>((ok, fail) => {
         child.once("spawn", () => ok(child.pid ?? 0))
@@ -317,6 +327,8 @@ const createNow = async (
       })
       child.unref()
       await fs.writeFile(join(dir, "qemu.pid"), `${spawned}\n`)
+      // Wanted since it was started (`wanted` found no pid to set).
+      if (niced && !behind.has(spec.id)) reniceAll(spawned, 0)
 
       step = "ready"
       const until = Date.now() + s.readyTimeoutMs
@@ -365,11 +377,18 @@ export const make = (
   policy: Policy.PolicySettingsValue = Policy.PolicySettings.defaults,
 ): MachineDriverService => {
   const cache = shared(s)
+  const behind = new Set<string>()
   return {
     kind: "qemu",
     create: (spec) =>
       Effect.tryPromise({
-        try: () => createNow(s, policy, cache, spec),
+        try: () => {
+          if (spec.background === true) behind.add(spec.id)
+          return createNow(s, policy, cache, spec, behind).catch((e) => {
+            behind.delete(spec.id)
+            throw e
+          })
+        },
         catch: (e) =>
           e instanceof MachineCreateFailed
             ? e
@@ -382,9 +401,19 @@ export const make = (
         ),
         Effect.withSpan("QemuDriver.create"),
       ),
+    wanted: (id) =>
+      Effect.promise(async () => {
+        if (!behind.delete(id)) return
+        // Not yet started: it is started at 0 (`createNow` looks again once it has its pid).
+        const pid = await qemuOf(join(s.machinesDir, id))
+        if (pid !== undefined) reniceAll(pid, 0)
+      }),
     destroy: (id) =>
       Effect.tryPromise({
-        try: () => destroyNow(s, policy, id),
+        try: () => {
+          behind.delete(id)
+          return destroyNow(s, policy, id)
+        },
         catch: (e) => new MachineDestroyFailed({ id, detail: e instanceof Error ? e.message : String(e) }),
       }),
     owned: (owner) => ownedIn(s.machinesDir, owner),
