@@ -1,8 +1,10 @@
 /**
  * Small synchronous reads of the host's files (cgroupfs, sysfs, /proc, the driver's own records):
- * each takes microseconds, where an asynchronous one waits its turn on a busy thread pool.
+ * each takes microseconds, where an asynchronous one waits its turn on a busy thread pool. And a
+ * process's priority, set thread by thread through /proc.
  */
-import { readFileSync } from "node:fs"
+import { readdirSync, readFileSync } from "node:fs"
+import { getPriority, setPriority } from "node:os"
 
 /** A file's text, or undefined when it cannot be read (it, or its folder, is gone or never was). */
 export const readText = (path: string): string | undefined => {
@@ -19,6 +21,32 @@ export const niceIn = (stat: string): number | undefined => {
   if (text === undefined) return undefined
   // After the program's name, which may hold anything but ends at the last ")".
   return Number(text.slice(text.lastIndexOf(")") + 2).split(" ")[16])
+}
+
+/**
+ * Sets every thread of process `pid` to `nice`, again until none is left at another (a thread may
+ * start meanwhile with its parent's); a process gone is left. Root may raise a priority.
+ */
+export const reniceAll = (pid: number, nice: number): void => {
+  for (let pass = 0; pass < 3; pass++) {
+    let tids: Array<string>
+    try {
+      tids = readdirSync(`/proc/${pid}/task`)
+    } catch {
+      return // gone
+    }
+    let changed = 0
+    for (const tid of tids) {
+      try {
+        if (getPriority(Number(tid)) === nice) continue
+        setPriority(Number(tid), nice)
+        changed++
+      } catch {
+        // the thread ended
+      }
+    }
+    if (changed === 0) return
+  }
 }
 
 /** One line of a mountinfo file (`/proc/<pid>/mountinfo`). */

@@ -7,7 +7,6 @@
 
 import { chmodSync, mkdirSync, readdirSync, renameSync, writeFileSync } from "node:fs"
 import { readdir, readFile } from "node:fs/promises"
-import { getPriority, setPriority } from "node:os"
 import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
@@ -154,32 +153,6 @@ export class MachineKeepFailed extends Data.TaggedError("MachineKeepFailed")<{
 export const alive = async (pid: number): Promise<boolean> => {
   const stat = readText(`/proc/${pid}/stat`)
   return stat !== undefined && stat !== "" && !/^\d+ \(.*\) [ZX]/.test(stat)
-}
-
-/**
- * Sets every thread of process `pid` to `nice`, again until none is left at another (a thread may
- * start meanwhile with its parent's); a process gone is left. Root may raise a priority.
- */
-export const reniceAll = (pid: number, nice: number): void => {
-  for (let pass = 0; pass < 3; pass++) {
-    let tids: Array<string>
-    try {
-      tids = readdirSync(`/proc/${pid}/task`)
-    } catch {
-      return // gone
-    }
-    let changed = 0
-    for (const tid of tids) {
-      try {
-        if (getPriority(Number(tid)) === nice) continue
-        setPriority(Number(tid), nice)
-        changed++
-      } catch {
-        // the thread ended
-      }
-    }
-    if (changed === 0) return
-  }
 }
 
 /** What a machine id must be (it names the machine's folder, cgroups and network devices). */

@@ -1,7 +1,9 @@
+import { readdirSync, readlinkSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
-import { tmpdir } from "node:os"
+import { setPriority, tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
+import { niceIn } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 import * as Lxcfs from "./Lxcfs.ts"
 
@@ -22,6 +24,23 @@ describe("lxcfs", () => {
       await run("umount", ["-l", join(dir, "mnt")]).catch(() => undefined)
       await rm(dir, { recursive: true, force: true })
     }
+  })
+
+  it("serves at nice 0 when started by a thread making a machine in the background", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "hangar-lxcfs-"))
+    dirs.push(dir)
+    // This thread as the machine thread is then: niced, and what it starts inherits it.
+    const self = Number(readlinkSync("/proc/thread-self").split("/")[2])
+    setPriority(self, 10)
+    try {
+      expect(await Lxcfs.ensure(join(dir, "mnt"), join(dir, "lxcfs.pid"))).toBe(true)
+    } finally {
+      setPriority(self, 0)
+    }
+    const pid = Number((await readFile(join(dir, "lxcfs.pid"), "utf8")).trim())
+    pids.push(pid)
+    const nices = readdirSync(`/proc/${pid}/task`).map((tid) => niceIn(`/proc/${pid}/task/${tid}/stat`))
+    expect(new Set(nices)).toEqual(new Set([0]))
   })
 
   it("is started again over the mount a killed lxcfs left behind", async () => {

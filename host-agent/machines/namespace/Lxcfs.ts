@@ -9,7 +9,7 @@ import { spawn } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
-import { mountsOf } from "../HostFiles.ts"
+import { mountsOf, readText, reniceAll } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -97,7 +97,13 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
     child.on("error", () => undefined)
     child.unref()
     for (let i = 0; i < 500; i++) {
-      if (await serving(mount)) return true
+      if (await serving(mount)) {
+        // Started from a thread making a machine in the background, it has that thread's nice:
+        // it serves every machine, at 0.
+        const pid = Number(readText(pidFile)?.trim())
+        if (pid > 0 && readText(`/proc/${pid}/stat`)?.startsWith(`${pid} (lxcfs) `)) reniceAll(pid, 0)
+        return true
+      }
       await sleep(10)
     }
   } catch {

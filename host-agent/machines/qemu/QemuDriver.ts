@@ -27,6 +27,7 @@ import { Config, Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
+import { reniceAll } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
@@ -43,7 +44,6 @@ import {
   type MachineSpec,
   machineFolder,
   ownedIn,
-  reniceAll,
   type Size,
 } from "../MachineDriver.ts"
 import { run } from "../namespace/exec.ts"
