@@ -385,22 +385,25 @@ describe("namespace driver", () => {
 
     // Wanted before its request was sent, and wanted while it is being made: made as a run's.
     const first = spec("wantfirst", { background: true })
-    const making = Effect.runPromise(driver.create(first))
-    await Effect.runPromise(driver.wanted(first.id))
-    await making
-    expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
-    expect(weight(first.id)).toBe(NORMAL_WEIGHT)
-    await Effect.runPromise(driver.destroy(first.id))
     const midway = spec("wantmidway", { background: true })
-    const begun = Effect.runPromise(driver.create(midway))
-    // Its folder is its making's first step.
-    while ((await readdir(testDriverSettings.machinesDir)).every((f) => f !== midway.id))
-      await new Promise((r) => setTimeout(r, 1))
-    await Effect.runPromise(driver.wanted(midway.id))
-    await begun
-    expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
-    expect(weight(midway.id)).toBe(NORMAL_WEIGHT)
-    await Effect.runPromise(driver.destroy(midway.id))
+    try {
+      const making = Effect.runPromise(driver.create(first))
+      await Effect.runPromise(driver.wanted(first.id))
+      await making
+      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(weight(first.id)).toBe(NORMAL_WEIGHT)
+      const begun = Effect.runPromise(driver.create(midway))
+      // Its folder is its making's first step.
+      while ((await readdir(testDriverSettings.machinesDir)).every((f) => f !== midway.id))
+        await new Promise((r) => setTimeout(r, 1))
+      await Effect.runPromise(driver.wanted(midway.id))
+      await begun
+      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(weight(midway.id)).toBe(NORMAL_WEIGHT)
+    } finally {
+      // Also when an assertion failed (a create that failed removed its own).
+      for (const s of [first, midway]) await Effect.runPromise(driver.destroy(s.id))
+    }
     for (const id of [own.id, first.id, midway.id]) expect(await leftovers(id)).toEqual([])
   })
 
