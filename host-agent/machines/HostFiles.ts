@@ -24,6 +24,12 @@ export const niceIn = (stat: string): number | undefined => {
 }
 
 /**
+ * The nice value the host agent runs at (its main thread's: 0 unless its operator chose another).
+ * Its machines and host services run at it; background work runs nicer than it.
+ */
+export const normalNice = (): number => getPriority(process.pid)
+
+/**
  * Sets every thread of process `pid` to `nice`, again until none is left at another (a thread may
  * start meanwhile with its parent's); a process gone is left. Root may raise a priority.
  */

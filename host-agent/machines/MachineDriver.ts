@@ -11,7 +11,7 @@ import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
 import ssh2 from "ssh2"
-import { readText } from "./HostFiles.ts"
+import { normalNice, readText } from "./HostFiles.ts"
 
 /** A machine size name from the spec's size table. */
 export type SizeName = "s" | "m" | "l" | "xl"
@@ -53,19 +53,23 @@ export interface MachineSpec {
   readonly owner?: string
   /**
    * Made ahead of need (a warm machine, `WarmPool.ts`): until `wanted`, its making and its own
-   * processes yield the host's CPU to running work (nice `BACKGROUND_NICE`, or its weight), so a
+   * processes yield the host's CPU to running work (`backgroundNice`, or its weight), so a
    * refill never slows the run that just took a machine.
    */
   readonly background?: boolean
 }
 
 /**
- * The nice value of a background machine's work (`MachineSpec.background`), and the CPU weight of
- * a group of its processes: the kernel's weight of a task at that nice (110 against 1,024 at 0).
+ * How much nicer than the host agent (`normalNice`) a background machine's work runs
+ * (`MachineSpec.background`), and the CPU weight of a group of its processes: the kernel's weight
+ * of a task that much nicer (110 against 1,024).
  */
 export const BACKGROUND_NICE = 10
 export const BACKGROUND_WEIGHT = 110
 export const NORMAL_WEIGHT = 1024
+
+/** The nice value background work runs at: `BACKGROUND_NICE` over the host agent's, at most 19. */
+export const backgroundNice = (): number => Math.min(19, normalNice() + BACKGROUND_NICE)
 
 /** Where the machine's sshd listens. */
 export interface SshEndpoint {

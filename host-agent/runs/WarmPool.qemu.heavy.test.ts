@@ -9,8 +9,8 @@ import { join } from "node:path"
 import { Effect, Option } from "effect"
 import { afterAll, beforeAll, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
-import { niceIn, readText } from "../machines/HostFiles.ts"
-import { BACKGROUND_NICE } from "../machines/MachineDriver.ts"
+import { niceIn, normalNice, readText } from "../machines/HostFiles.ts"
+import { backgroundNice } from "../machines/MachineDriver.ts"
 import { make, QemuDriverSettings } from "../machines/qemu/QemuDriver.ts"
 import { leftovers } from "../machines/qemu/testing.ts"
 import { startWarmPool, type TestPool, testHostId } from "./testing.ts"
@@ -53,11 +53,11 @@ it("a qemu machine booted ahead is taken by a run with its session open, and the
   await until("a warm qemu machine", async () => (await run(warm.ready)).length === 1)
   const [ready] = await run(warm.ready)
   const qemu = Number(readText(join(QemuDriverSettings.defaults.machinesDir, ready?.id ?? "", "qemu.pid")))
-  expect(nicesOf(qemu)).toEqual([BACKGROUND_NICE])
+  expect(nicesOf(qemu)).toEqual([backgroundNice()])
   const taken = Option.getOrThrow(await run(warm.take(base, "s")))
-  // The run's now: every thread of its QEMU at 0.
+  // The run's now: every thread of its QEMU at the host agent's nice.
   expect(taken.machine.handle.pid).toBe(qemu)
-  expect(nicesOf(qemu)).toEqual([0])
+  expect(nicesOf(qemu)).toEqual([normalNice()])
   seen.add(taken.machine.id)
   expect(taken.machine.handle.accel).toBe("tcg")
   const out = await run(taken.guest.bash({ command: "echo warm on $(hostname); nproc" }))

@@ -1,9 +1,11 @@
-import { readdirSync, readlinkSync } from "node:fs"
+import { readdirSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
-import { setPriority, tmpdir } from "node:os"
+import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { Worker } from "node:worker_threads"
 import { afterAll, describe, expect, it } from "vitest"
-import { niceIn } from "../HostFiles.ts"
+import { niceIn, normalNice } from "../HostFiles.ts"
+import { backgroundNice } from "../MachineDriver.ts"
 import { run } from "./exec.ts"
 import * as Lxcfs from "./Lxcfs.ts"
 
@@ -26,21 +28,47 @@ describe("lxcfs", () => {
     }
   })
 
-  it("serves at nice 0 when started by a thread making a machine in the background", async () => {
+  it("serves at the host agent's nice when started by a thread making a machine in the background", async () => {
     const dir = await mkdtemp(join(tmpdir(), "hangar-lxcfs-"))
     dirs.push(dir)
-    // This thread as the machine thread is then: niced, and what it starts inherits it.
-    const self = Number(readlinkSync("/proc/thread-self").split("/")[2])
-    setPriority(self, 10)
+    // A thread of this process as the machine thread is then (this module, bundled as the machine
+    // thread's program is): niced, and what it starts inherits it; this thread, the host agent's
+    // own, keeps its nice.
+    const { build } = await import("esbuild")
+    const { sourceUrls } = await import("../../../core/SourceUrls.mjs")
+    const program = await build({
+      stdin: {
+        contents: `
+          const { readlinkSync } = require("node:fs")
+          const { setPriority } = require("node:os")
+          const { parentPort, workerData } = require("node:worker_threads")
+          const { ensure } = require("./Lxcfs.ts")
+          setPriority(Number(readlinkSync("/proc/thread-self").split("/")[2]), workerData.nice)
+          ensure(workerData.mount, workerData.pidFile).then((ok) => parentPort.postMessage(ok))`,
+        resolveDir: import.meta.dirname,
+        loader: "js",
+      },
+      bundle: true,
+      platform: "node",
+      format: "cjs",
+      external: ["*.node"],
+      plugins: [sourceUrls],
+      write: false,
+      logLevel: "silent",
+    })
+    const thread = new Worker(program.outputFiles[0]?.text ?? "", {
+      eval: true,
+      workerData: { nice: backgroundNice(), mount: join(dir, "mnt"), pidFile: join(dir, "lxcfs.pid") },
+    })
     try {
-      expect(await Lxcfs.ensure(join(dir, "mnt"), join(dir, "lxcfs.pid"))).toBe(true)
+      expect(await new Promise((ok, fail) => thread.once("message", ok).once("error", fail))).toBe(true)
     } finally {
-      setPriority(self, 0)
+      await thread.terminate()
     }
     const pid = Number((await readFile(join(dir, "lxcfs.pid"), "utf8")).trim())
     pids.push(pid)
     const nices = readdirSync(`/proc/${pid}/task`).map((tid) => niceIn(`/proc/${pid}/task/${tid}/stat`))
-    expect(new Set(nices)).toEqual(new Set([0]))
+    expect(new Set(nices)).toEqual(new Set([normalNice()]))
   })
 
   it("is started again over the mount a killed lxcfs left behind", async () => {

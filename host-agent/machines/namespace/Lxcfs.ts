@@ -9,7 +9,7 @@ import { spawn } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
-import { mountsOf, readText, reniceAll } from "../HostFiles.ts"
+import { mountsOf, normalNice, readText, reniceAll } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -99,9 +99,10 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
     for (let i = 0; i < 500; i++) {
       if (await serving(mount)) {
         // Started from a thread making a machine in the background, it has that thread's nice:
-        // it serves every machine, at 0.
+        // it serves every machine, at the host agent's.
         const pid = Number(readText(pidFile)?.trim())
-        if (pid > 0 && readText(`/proc/${pid}/stat`)?.startsWith(`${pid} (lxcfs) `)) reniceAll(pid, 0)
+        if (pid > 0 && readText(`/proc/${pid}/stat`)?.startsWith(`${pid} (lxcfs) `))
+          reniceAll(pid, normalNice())
         return true
       }
       await sleep(10)

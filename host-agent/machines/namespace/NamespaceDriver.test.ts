@@ -6,10 +6,10 @@ import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
-import { mountsOf, readText } from "../HostFiles.ts"
+import { mountsOf, normalNice, readText } from "../HostFiles.ts"
 import {
-  BACKGROUND_NICE,
   BACKGROUND_WEIGHT,
+  backgroundNice,
   type MachineSpec,
   NORMAL_WEIGHT,
   scopedOn,
@@ -367,19 +367,22 @@ describe("namespace driver", () => {
     await withMachine(behind, async (m) => {
       // Made with nothing else under way: the thread and the tools it started ran in the
       // background, and its processes' group weighs as a task at that nice.
-      expect(await machineThreadPriority()).toEqual({ thread: BACKGROUND_NICE, tools: BACKGROUND_NICE })
+      expect(await machineThreadPriority()).toEqual({ thread: backgroundNice(), tools: backgroundNice() })
       expect(weight(behind.id)).toBe(BACKGROUND_WEIGHT)
-      // Inside, its root and its first process (sshd) run at 0: the weight is the host's to change.
-      expect((await m.bash("nice; cut -d' ' -f19 /proc/1/stat")).output).toBe("0\n0\n")
+      // Inside, its root and its first process (sshd) run at the host agent's nice (0 unless its
+      // operator chose another): the weight is the host's to change.
+      expect((await m.bash("nice; cut -d' ' -f19 /proc/1/stat")).output).toBe(
+        `${normalNice()}\n${normalNice()}\n`,
+      )
       await Effect.runPromise(driver.wanted(behind.id))
       expect(weight(behind.id)).toBe(NORMAL_WEIGHT)
     })
     expect(await leftovers(behind.id)).toEqual([])
 
-    // A run's own machine: made at 0, and weighs what the kernel gives any group.
+    // A run's own machine: made at the host agent's nice, and weighs what the kernel gives any group.
     const own = spec("own")
     await withMachine(own, async () => {
-      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(await machineThreadPriority()).toEqual({ thread: normalNice(), tools: normalNice() })
       expect(weight(own.id)).toBe(NORMAL_WEIGHT)
     })
 
@@ -390,7 +393,7 @@ describe("namespace driver", () => {
       const making = Effect.runPromise(driver.create(first))
       await Effect.runPromise(driver.wanted(first.id))
       await making
-      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(await machineThreadPriority()).toEqual({ thread: normalNice(), tools: normalNice() })
       expect(weight(first.id)).toBe(NORMAL_WEIGHT)
       const begun = Effect.runPromise(driver.create(midway))
       // Its folder is its making's first step.
@@ -398,7 +401,7 @@ describe("namespace driver", () => {
         await new Promise((r) => setTimeout(r, 1))
       await Effect.runPromise(driver.wanted(midway.id))
       await begun
-      expect(await machineThreadPriority()).toEqual({ thread: 0, tools: 0 })
+      expect(await machineThreadPriority()).toEqual({ thread: normalNice(), tools: normalNice() })
       expect(weight(midway.id)).toBe(NORMAL_WEIGHT)
     } finally {
       // Also when an assertion failed (a create that failed removed its own).

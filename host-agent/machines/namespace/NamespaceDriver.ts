@@ -21,12 +21,13 @@
  *
  * A machine made in the background (a warm one, `MachineSpec.background`) yields the CPU to
  * running work until a run wants it: while every job of the machine thread is such a making, the
- * thread and the tools it starts (mkfs, crun, ip, nft…) run at `BACKGROUND_NICE`, and the
+ * thread and the tools it starts (mkfs, crun, ip, nft…) run at `backgroundNice`, and the
  * machine's processes (its sshd starting, the pool's session to it) are in a group of weight
  * `BACKGROUND_WEIGHT`. `wanted` gives both back; a removal, or a run's own machine, brings the
- * thread back to 0 while it lasts (a run may wait for either). The machine's own first process is
- * set back to 0 once crun made it, so nothing in a machine runs niced: its group's weight is what
- * holds it back, and it is the host's to change.
+ * thread back to the host agent's nice (`normalNice`, 0 unless its operator chose another) while
+ * it lasts (a run may wait for either). The machine's own first process is set back to that once
+ * crun made it, so nothing in a machine runs niced: its group's weight is what holds it back, and
+ * it is the host's to change.
  */
 import {
   chmodSync,
@@ -51,12 +52,12 @@ import { Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
-import { niceIn, readText } from "../HostFiles.ts"
+import { niceIn, normalNice, readText } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
-  BACKGROUND_NICE,
   BACKGROUND_WEIGHT,
+  backgroundNice,
   claimIn,
   guestSshdConfig,
   keepIn,
@@ -451,10 +452,10 @@ const createNow = async (
         `the container was not created: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
       )
     const pid = Number(readFileSync(join(dir, "pid"), "utf8").trim())
-    // Made by a tool at this thread's nice: the machine's processes run at 0 (its group's weight
-    // holds back a background machine's).
+    // Made by a tool at this thread's nice: the machine's processes run at the host agent's (its
+    // group's weight holds back a background machine's).
     try {
-      setPriority(pid, 0)
+      setPriority(pid, normalNice())
     } catch {
       // it ended: the steps below say so
     }
@@ -544,15 +545,16 @@ interface Job {
 
 /** On the machine thread: its jobs under way, by request. */
 const underWay = new Map<number, Job>()
-let threadNice = 0
+let threadNice: number | undefined
 
 /**
- * On the machine thread: `BACKGROUND_NICE` for the thread and its tools while every job under way
- * is background work, else 0. Idle, it stays as it was: the next job sets it before its first step.
+ * On the machine thread: `backgroundNice` for the thread and its tools while every job under way
+ * is background work, else the host agent's own. Idle, it stays as it was: the next job sets it
+ * before its first step.
  */
 const prioritize = () => {
   if (underWay.size === 0) return
-  const nice = [...underWay.values()].every((j) => j.background) ? BACKGROUND_NICE : 0
+  const nice = [...underWay.values()].every((j) => j.background) ? backgroundNice() : normalNice()
   if (nice === threadNice) return
   threadNice = nice
   setToolNice(nice)
@@ -560,7 +562,7 @@ const prioritize = () => {
     // This thread's own id (a nice is a thread's own): `/proc/thread-self` is `<pid>/task/<tid>`.
     setPriority(Number(readlinkSync("/proc/thread-self").split("/")[2]), nice)
   } catch {
-    // Not allowed back to 0 (a host agent without CAP_SYS_NICE): its work goes on, only slower.
+    // Not allowed back (a host agent without CAP_SYS_NICE): its work goes on, only slower.
   }
 }
 

@@ -25,12 +25,15 @@ export const helperPath = fileURLToPath(new URL("./exec-helper.pl", import.meta.
 
 let helper: ChildProcess | undefined
 let nextId = 0
-/** The nice value of the helper, so of the tools it starts from then on (`setToolNice`). */
-let toolNice = 0
+/**
+ * The nice value of the helper, so of the tools it starts from then on (`setToolNice`); none: the
+ * nice of the thread that started it.
+ */
+let toolNice: number | undefined
 
 const renice = (child: ChildProcess) => {
   try {
-    if (child.pid !== undefined) setPriority(child.pid, toolNice)
+    if (child.pid !== undefined && toolNice !== undefined) setPriority(child.pid, toolNice)
   } catch {
     // it ended: the next one is started at `toolNice`
   }

@@ -12,8 +12,8 @@
  * - `user`: QEMU's user network with `restrict=on` (no way out) and only the SSH port forwarded to
  *   a loopback port of the host, for hosts where a test may not add devices.
  *
- * A machine made in the background (`MachineSpec.background`) runs QEMU at `BACKGROUND_NICE` until
- * `wanted` sets all its threads back to 0.
+ * A machine made in the background (`MachineSpec.background`) runs QEMU `BACKGROUND_NICE` nicer
+ * than the host agent until `wanted` sets all its threads back to the host agent's nice.
  *
  * Everything a machine owns is its folder, its one process and, with `tap`, its device, slot and
  * policy chain. Not done yet: running QEMU as an unprivileged user in a sandbox.
@@ -27,7 +27,7 @@ import { Config, Effect, Layer, Option } from "effect"
 import ssh2 from "ssh2"
 import { defineSettings, env } from "../../../core/Config.ts"
 import * as Policy from "../../network/Policy.ts"
-import { reniceAll } from "../HostFiles.ts"
+import { normalNice, reniceAll } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
@@ -328,7 +328,7 @@ const createNow = async (
       child.unref()
       await fs.writeFile(join(dir, "qemu.pid"), `${spawned}\n`)
       // Wanted since it was started (`wanted` found no pid to set).
-      if (niced && !behind.has(spec.id)) reniceAll(spawned, 0)
+      if (niced && !behind.has(spec.id)) reniceAll(spawned, normalNice())
 
       step = "ready"
       const until = Date.now() + s.readyTimeoutMs
@@ -406,7 +406,7 @@ export const make = (
         if (!behind.delete(id)) return
         // Not yet started: it is started at 0 (`createNow` looks again once it has its pid).
         const pid = await qemuOf(join(s.machinesDir, id))
-        if (pid !== undefined) reniceAll(pid, 0)
+        if (pid !== undefined) reniceAll(pid, normalNice())
       }),
     destroy: (id) =>
       Effect.tryPromise({
