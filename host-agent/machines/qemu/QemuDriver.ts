@@ -260,7 +260,7 @@ const createNow = async (
   cache: Shared,
   spec: MachineSpec,
   /** The machines made in the background and not wanted yet. */
-  behind: ReadonlySet<string> = new Set(),
+  behind: ReadonlySet<string>,
 ): Promise<Machine> => {
   const limits = limitsOf(spec)
   const dir = join(s.machinesDir, spec.id)
@@ -404,7 +404,8 @@ export const make = (
     wanted: (id) =>
       Effect.promise(async () => {
         if (!behind.delete(id)) return
-        // Not yet started: it is started at 0 (`createNow` looks again once it has its pid).
+        // Not yet started: it is started at the host agent's nice (`createNow` looks again once it
+        // has its pid).
         const pid = await qemuOf(join(s.machinesDir, id))
         if (pid !== undefined) reniceAll(pid, normalNice())
       }),
