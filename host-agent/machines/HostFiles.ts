@@ -30,6 +30,21 @@ export const niceIn = (stat: string): number | undefined => {
 export const normalNice = (): number => getPriority(process.pid)
 
 /**
+ * The nice values of process `pid`'s threads, each once (a thread that ended meanwhile is left
+ * out; none when the process is gone).
+ */
+export const threadNices = (pid: number): Array<number> => {
+  let tids: Array<string>
+  try {
+    tids = readdirSync(`/proc/${pid}/task`)
+  } catch {
+    return []
+  }
+  const nices = tids.map((tid) => niceIn(`/proc/${pid}/task/${tid}/stat`))
+  return [...new Set(nices.filter((n): n is number => n !== undefined))]
+}
+
+/**
  * Sets every thread of process `pid` to `nice`, again until none is left at another (a thread may
  * start meanwhile with its parent's); a process gone is left. Root may raise a priority.
  */

@@ -4,12 +4,11 @@
  * closing the pool leaves no process or folder of any machine it made. Booted ahead, QEMU runs in
  * the background (niced) until a run takes the machine.
  */
-import { readdirSync } from "node:fs"
 import { join } from "node:path"
 import { Effect, Option } from "effect"
 import { afterAll, beforeAll, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
-import { niceIn, normalNice, readText } from "../machines/HostFiles.ts"
+import { normalNice, readText, threadNices } from "../machines/HostFiles.ts"
 import { backgroundNice } from "../machines/MachineDriver.ts"
 import { make, QemuDriverSettings } from "../machines/qemu/QemuDriver.ts"
 import { leftovers } from "../machines/qemu/testing.ts"
@@ -21,9 +20,6 @@ const HOST = testHostId()
 const run = <A, E>(e: Effect.Effect<A, E>) => Effect.runPromise(e)
 
 /** The nice values of process `pid`'s threads (each thread's `stat`, 19th field), each once. */
-const nicesOf = (pid: number) => [
-  ...new Set(readdirSync(`/proc/${pid}/task`).map((tid) => niceIn(`/proc/${pid}/task/${tid}/stat`))),
-]
 const seen = new Set<string>()
 let base: string
 let pool: TestPool | undefined
@@ -53,11 +49,11 @@ it("a qemu machine booted ahead is taken by a run with its session open, and the
   await until("a warm qemu machine", async () => (await run(warm.ready)).length === 1)
   const [ready] = await run(warm.ready)
   const qemu = Number(readText(join(QemuDriverSettings.defaults.machinesDir, ready?.id ?? "", "qemu.pid")))
-  expect(nicesOf(qemu)).toEqual([backgroundNice()])
+  expect(threadNices(qemu)).toEqual([backgroundNice()])
   const taken = Option.getOrThrow(await run(warm.take(base, "s")))
   // The run's now: every thread of its QEMU at the host agent's nice.
   expect(taken.machine.handle.pid).toBe(qemu)
-  expect(nicesOf(qemu)).toEqual([normalNice()])
+  expect(threadNices(qemu)).toEqual([normalNice()])
   seen.add(taken.machine.id)
   expect(taken.machine.handle.accel).toBe("tcg")
   const out = await run(taken.guest.bash({ command: "echo warm on $(hostname); nproc" }))

@@ -20,7 +20,8 @@
  * - A machine made for the pool is background work (`MachineSpec.background`): its making and its
  *   processes yield the host's CPU to running work, so a refill does not slow the run that just
  *   took a machine (nor any other run). Taken, or promised to a run that waits for it, it is
- *   `wanted`: from then on it gets the CPU as any run's machine.
+ *   `wanted`: from then on it gets the CPU as any run's machine (one given back by a run that
+ *   stopped waiting stays so: it waits idle in the pool).
  * - The offered bases are read again at most every 5 s (and after a machine not made): the pool
  *   looks at them at every event, several times a run. A machine is begun 40 ms after the event
  *   that wants it, so the run that just took one starts first (`BEGIN_AFTER_MS`).

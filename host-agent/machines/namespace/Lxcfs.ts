@@ -9,7 +9,7 @@ import { spawn } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { join } from "node:path"
-import { mountsOf, normalNice, readText, reniceAll } from "../HostFiles.ts"
+import { mountsOf, niceIn, normalNice, readText, reniceAll } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -70,8 +70,22 @@ const knownServing = (mount: string, pidFile: string): boolean => {
 
 const starts = new Map<string, Promise<boolean>>()
 
+/**
+ * Sets the lxcfs of `pidFile` to the host agent's nice when it runs at another; answers true. It
+ * serves every machine, and it is started from the thread that makes them, which may be making one
+ * in the background (niced): it would keep that nice for good, also if it came to serve only after
+ * its start was given up.
+ */
+const atHostNice = (pidFile: string): true => {
+  const pid = Number(readText(pidFile)?.trim())
+  const stat = `/proc/${pid}/stat`
+  if (pid > 0 && readText(stat)?.startsWith(`${pid} (lxcfs) `) && niceIn(stat) !== normalNice())
+    reniceAll(pid, normalNice())
+  return true
+}
+
 const start = async (mount: string, pidFile: string): Promise<boolean> => {
-  if (await serving(mount)) return true
+  if (await serving(mount)) return atHostNice(pidFile)
   try {
     await access("/usr/bin/lxcfs", constants.X_OK)
   } catch {
@@ -97,14 +111,7 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
     child.on("error", () => undefined)
     child.unref()
     for (let i = 0; i < 500; i++) {
-      if (await serving(mount)) {
-        // Started from a thread making a machine in the background, it has that thread's nice:
-        // it serves every machine, at the host agent's.
-        const pid = Number(readText(pidFile)?.trim())
-        if (pid > 0 && readText(`/proc/${pid}/stat`)?.startsWith(`${pid} (lxcfs) `))
-          reniceAll(pid, normalNice())
-        return true
-      }
+      if (await serving(mount)) return atHostNice(pidFile)
       await sleep(10)
     }
   } catch {
@@ -123,7 +130,7 @@ export const ensure = async (mount = MOUNT, pidFile = "/run/hangar-lxcfs.pid"): 
     const ok = (await earlier) && (knownServing(mount, pidFile) || (await serving(mount)))
     // Another caller started it again meanwhile: that start is the one to wait for.
     if (starts.get(mount) !== earlier) return ensure(mount, pidFile)
-    if (ok) return true
+    if (ok) return atHostNice(pidFile)
   }
   // Checked and set with no await between: one start at a time per mount.
   const now = start(mount, pidFile)

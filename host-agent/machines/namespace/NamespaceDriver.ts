@@ -556,13 +556,15 @@ const prioritize = () => {
   if (underWay.size === 0) return
   const nice = [...underWay.values()].every((j) => j.background) ? backgroundNice() : normalNice()
   if (nice === threadNice) return
+  // Taken as set even where it was not (only a host agent without CAP_SYS_NICE is refused, and
+  // this driver runs as root): its work goes on either way.
   threadNice = nice
   setToolNice(nice)
   try {
     // This thread's own id (a nice is a thread's own): `/proc/thread-self` is `<pid>/task/<tid>`.
     setPriority(Number(readlinkSync("/proc/thread-self").split("/")[2]), nice)
   } catch {
-    // Not allowed back (a host agent without CAP_SYS_NICE): its work goes on, only slower.
+    // Not allowed back: see above.
   }
 }
 
@@ -685,8 +687,8 @@ class ThreadFailed extends Error {
 }
 
 /**
- * Asks the machine thread for `job` (made when it is sent: after the thread started): a create
- * answers its machine, a removal nothing.
+ * Asks the machine thread for `job` (made when it is sent: after the thread started), and answers
+ * what `answer` takes of its answer: by default the machine a create made (a removal: nothing).
  */
 const inThread = <A>(
   job: () => ThreadJob,

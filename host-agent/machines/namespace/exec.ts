@@ -12,6 +12,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { setPriority } from "node:os"
 import { fileURLToPath } from "node:url"
+import { readText, reniceAll } from "../HostFiles.ts"
 
 interface Answer {
   readonly code: number | null
@@ -43,13 +44,18 @@ const renice = (child: ChildProcess) => {
 export const toolRunnerPid = (): number | undefined => helper?.pid
 
 /**
- * Runs the tools started from now on at `nice` (they inherit the helper's; those running keep
- * theirs). The machine thread lowers it while all its work is in the background.
+ * Runs the tools at `nice`: those started from now on (they inherit the helper's), and those
+ * running now (a run may have come to wait for them). The machine thread sets it nicer while all
+ * its work is in the background. A tool's own children keep theirs.
  */
 export const setToolNice = (nice: number): void => {
   if (nice === toolNice) return
   toolNice = nice
-  if (helper !== undefined) renice(helper)
+  const pid = helper?.pid
+  if (helper === undefined || pid === undefined) return
+  renice(helper)
+  for (const tool of (readText(`/proc/${pid}/task/${pid}/children`) ?? "").split(" "))
+    if (tool !== "") reniceAll(Number(tool), nice)
 }
 const pending = new Map<string, { readonly ok: (a: Answer) => void; readonly fail: (e: Error) => void }>()
 

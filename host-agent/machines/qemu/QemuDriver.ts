@@ -12,8 +12,8 @@
  * - `user`: QEMU's user network with `restrict=on` (no way out) and only the SSH port forwarded to
  *   a loopback port of the host, for hosts where a test may not add devices.
  *
- * A machine made in the background (`MachineSpec.background`) runs QEMU `BACKGROUND_NICE` nicer
- * than the host agent until `wanted` sets all its threads back to the host agent's nice.
+ * A machine made in the background (`MachineSpec.background`) runs QEMU at `backgroundNice` until
+ * `wanted` sets all its threads back to the host agent's nice.
  *
  * Everything a machine owns is its folder, its one process and, with `tap`, its device, slot and
  * policy chain. Not done yet: running QEMU as an unprivileged user in a sandbox.
@@ -31,7 +31,7 @@ import { normalNice, reniceAll } from "../HostFiles.ts"
 import {
   adoptIn,
   alive,
-  BACKGROUND_NICE,
+  backgroundNice,
   claimIn,
   keepIn,
   limitsOf,
@@ -313,21 +313,22 @@ const createNow = async (
           ? `user,restrict=on,hostfwd=tcp:127.0.0.1:${ssh.port}-:22`
           : `tap,ifname=${tap.hostIf},script=no,downscript=no`
       const log = openSync(join(dir, "qemu.log"), "w")
-      const args = argsOf(dir, kernel, accel.accel, khz, limits, { guest, netdev })
-      // In the background: every thread QEMU starts inherits the nice `nice` sets before its exec.
-      const niced = behind.has(spec.id)
-      const [program, argv] = niced
-        ? ["nice", ["-n", String(BACKGROUND_NICE), s.qemu, ...args]]
-        : [s.qemu, args]
-      const child = spawn(program, argv, { detached: true, stdio: ["ignore", log, log] })
+      const child = spawn(s.qemu, argsOf(dir, kernel, accel.accel, khz, limits, { guest, netdev }), {
+        detached: true,
+        stdio: ["ignore", log, log],
+      })
       closeSync(log)
       const spawned = await new Promise<number>((ok, fail) => {
         child.once("spawn", () => ok(child.pid ?? 0))
         child.once("error", fail)
       })
       child.unref()
+      // In the background: its threads so far, and so those they start. (Not `nice qemu…`: its
+      // nice would come after the spawn is seen, and could undo a `wanted` of the moment between.)
+      const niced = behind.has(spec.id)
+      if (niced) reniceAll(spawned, backgroundNice())
       await fs.writeFile(join(dir, "qemu.pid"), `${spawned}\n`)
-      // Wanted since it was started (`wanted` found no pid to set).
+      // Wanted since (`wanted` found no pid to set).
       if (niced && !behind.has(spec.id)) reniceAll(spawned, normalNice())
 
       step = "ready"
