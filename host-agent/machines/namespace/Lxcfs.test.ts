@@ -3,7 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Worker } from "node:worker_threads"
 import { afterAll, describe, expect, it } from "vitest"
-import { normalNice, reniceAll, threadNices } from "../HostFiles.ts"
+import { normalNice, threadNices } from "../HostFiles.ts"
 import { backgroundNice } from "../MachineDriver.ts"
 import { run } from "./exec.ts"
 import * as Lxcfs from "./Lxcfs.ts"
@@ -66,11 +66,6 @@ describe("lxcfs", () => {
     }
     const pid = Number((await readFile(join(dir, "lxcfs.pid"), "utf8")).trim())
     pids.push(pid)
-    expect(threadNices(pid)).toEqual([normalNice()])
-    // One left niced (its start given up before it served, say) is set back when next found serving.
-    reniceAll(pid, backgroundNice())
-    expect(threadNices(pid)).toEqual([backgroundNice()])
-    expect(await Lxcfs.ensure(join(dir, "mnt"), join(dir, "lxcfs.pid"))).toBe(true)
     expect(threadNices(pid)).toEqual([normalNice()])
   })
 

@@ -8,8 +8,9 @@
 import { spawn } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
+import { getPriority } from "node:os"
 import { join } from "node:path"
-import { mountsOf, niceIn, normalNice, readText, reniceAll } from "../HostFiles.ts"
+import { mountsOf, normalNice } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -70,22 +71,8 @@ const knownServing = (mount: string, pidFile: string): boolean => {
 
 const starts = new Map<string, Promise<boolean>>()
 
-/**
- * Sets the lxcfs of `pidFile` to the host agent's nice when it runs at another; answers true. It
- * serves every machine, and it is started from the thread that makes them, which may be making one
- * in the background (niced): it would keep that nice for good, also if it came to serve only after
- * its start was given up.
- */
-const atHostNice = (pidFile: string): true => {
-  const pid = Number(readText(pidFile)?.trim())
-  const stat = `/proc/${pid}/stat`
-  if (pid > 0 && readText(stat)?.startsWith(`${pid} (lxcfs) `) && niceIn(stat) !== normalNice())
-    reniceAll(pid, normalNice())
-  return true
-}
-
 const start = async (mount: string, pidFile: string): Promise<boolean> => {
-  if (await serving(mount)) return atHostNice(pidFile)
+  if (await serving(mount)) return true
   try {
     await access("/usr/bin/lxcfs", constants.X_OK)
   } catch {
@@ -102,16 +89,29 @@ const start = async (mount: string, pidFile: string): Promise<boolean> => {
       await mkdir(mount, { recursive: true })
     })
     // lxcfs daemonizes itself once mounted; a second start (another host agent racing) fails and
-    // finds the first serving.
+    // finds the first serving. It serves every machine, at the host agent's nice: `nice` sets that
+    // before its exec, since the thread starting it may be making a machine in the background
+    // (niced), and all lxcfs forks and threads would keep that for good.
     const child = spawn(
-      "/usr/bin/lxcfs",
-      ["--enable-cfs", "--enable-loadavg", "--disable-swap", "--pidfile", pidFile, mount],
+      "nice",
+      [
+        ...["-n", String(normalNice() - getPriority())],
+        ...[
+          "/usr/bin/lxcfs",
+          "--enable-cfs",
+          "--enable-loadavg",
+          "--disable-swap",
+          "--pidfile",
+          pidFile,
+          mount,
+        ],
+      ],
       { detached: true, stdio: "ignore" },
     )
     child.on("error", () => undefined)
     child.unref()
     for (let i = 0; i < 500; i++) {
-      if (await serving(mount)) return atHostNice(pidFile)
+      if (await serving(mount)) return true
       await sleep(10)
     }
   } catch {
@@ -130,7 +130,7 @@ export const ensure = async (mount = MOUNT, pidFile = "/run/hangar-lxcfs.pid"): 
     const ok = (await earlier) && (knownServing(mount, pidFile) || (await serving(mount)))
     // Another caller started it again meanwhile: that start is the one to wait for.
     if (starts.get(mount) !== earlier) return ensure(mount, pidFile)
-    if (ok) return atHostNice(pidFile)
+    if (ok) return true
   }
   // Checked and set with no await between: one start at a time per mount.
   const now = start(mount, pidFile)
