@@ -12,7 +12,12 @@ import { ConfigProvider, Effect, Either, Fiber, Option } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { ensureTestBase } from "../bases/Bases.ts"
 import { readText } from "../machines/HostFiles.ts"
-import { BACKGROUND_WEIGHT, NORMAL_WEIGHT, type SizeName } from "../machines/MachineDriver.ts"
+import {
+  BACKGROUND_WEIGHT,
+  type MachineDriverService,
+  NORMAL_WEIGHT,
+  type SizeName,
+} from "../machines/MachineDriver.ts"
 import { groupOf } from "../machines/namespace/Cgroups.ts"
 import { make as namespaceDriver } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, testDriverSettings } from "../machines/namespace/testing.ts"
@@ -105,7 +110,19 @@ describe("warm pool", () => {
   }, 120_000)
 
   it("a take while the pool's machine is being made waits for that one; another size never waits", async () => {
-    const { pool } = await startPool(1)
+    // The real driver, its makings and wants noted in order.
+    const calls: Array<string> = []
+    const noted: MachineDriverService = {
+      ...driver,
+      create: (spec) => Effect.tap(driver.create(spec), (m) => Effect.sync(() => calls.push(`made ${m.id}`))),
+      wanted: (id) =>
+        Effect.zipRight(
+          Effect.sync(() => calls.push(`wanted ${id}`)),
+          driver.wanted(id),
+        ),
+    }
+    open = await startWarmPool({ driver: noted, host: HOST, machines: 1, vcpus: 8, sizes: ["s"] })
+    const { pool } = open
     await until("a machine being made", async () => (await run(pool.making)).length === 1)
     expect(await run(pool.ready)).toEqual([])
     // Another size: none, at once, and the machine being made stays the pool's.
@@ -119,8 +136,12 @@ describe("warm pool", () => {
       (await run(pool.making)).some((m) => m.claimed),
     )
     const taken = Option.getOrThrow(await run(Fiber.join(waiting)))
-    // Promised while it was being made: the run's, weighing as any run's machine.
-    expect(weight(taken.machine.id)).toBe(NORMAL_WEIGHT)
+    // Promised while it was being made: wanted then (the rest of its making is the run's), and
+    // weighing as any run's machine.
+    const id = taken.machine.id
+    expect(calls.indexOf(`wanted ${id}`)).toBeGreaterThanOrEqual(0)
+    expect(calls.indexOf(`wanted ${id}`)).toBeLessThan(calls.indexOf(`made ${id}`))
+    expect(weight(id)).toBe(NORMAL_WEIGHT)
     expect((await run(taken.guest.bash({ command: "true" }))).exit_code).toBe(0)
     await run(taken.close)
     await run(driver.destroy(taken.machine.id))

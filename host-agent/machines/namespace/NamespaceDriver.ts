@@ -517,12 +517,13 @@ const createNow = async (
  * machine made or being made in the background is wanted now (not answered); or, for tests, the
  * nice values it runs at.
  */
-type ThreadJob = { readonly settings: Settings; readonly policy: Policy.PolicySettingsValue } & (
-  | { readonly op: "create"; readonly spec: MachineSpec }
-  | { readonly op: "destroy"; readonly id: string }
-  | { readonly op: "want"; readonly id: string }
+type ThreadJob =
+  | ({ readonly settings: Settings; readonly policy: Policy.PolicySettingsValue } & (
+      | { readonly op: "create"; readonly spec: MachineSpec }
+      | { readonly op: "destroy"; readonly id: string }
+    ))
+  | { readonly op: "want"; readonly cgroupRoot: string; readonly id: string }
   | { readonly op: "priority" }
-)
 type ThreadRequest = ThreadJob & { readonly seq: number }
 
 /** What it answers: the machine made (none for a removal), its priority when asked, or the step that failed and why. */
@@ -546,6 +547,8 @@ interface Job {
 /** On the machine thread: its jobs under way, by request. */
 const underWay = new Map<number, Job>()
 let threadNice: number | undefined
+/** On the machine thread: its own id (a nice is a thread's own; `/proc/thread-self` is `<pid>/task/<tid>`). */
+let threadId: number | undefined
 
 /**
  * On the machine thread: `backgroundNice` for the thread and its tools while every job under way
@@ -561,19 +564,19 @@ const prioritize = () => {
   threadNice = nice
   setToolNice(nice)
   try {
-    // This thread's own id (a nice is a thread's own): `/proc/thread-self` is `<pid>/task/<tid>`.
-    setPriority(Number(readlinkSync("/proc/thread-self").split("/")[2]), nice)
+    threadId ??= Number(readlinkSync("/proc/thread-self").split("/")[2])
+    setPriority(threadId, nice)
   } catch {
     // Not allowed back: see above.
   }
 }
 
 /** On the machine thread: machine `id` is wanted; its making, if under way, and its group are no longer background. */
-const want = (s: Settings, id: string) => {
+const want = (cgroupRoot: string, id: string) => {
   for (const job of underWay.values()) if (job.id === id) job.background = false
   prioritize()
   try {
-    Cgroups.setCpuWeight(s.cgroupRoot, id, NORMAL_WEIGHT)
+    Cgroups.setCpuWeight(cgroupRoot, id, NORMAL_WEIGHT)
   } catch {
     // being removed
   }
@@ -707,11 +710,7 @@ const inThread = <A>(
 /** The nice values the machine thread and its tool runner run at now (tests). */
 export const machineThreadPriority = (): Promise<Priority> =>
   inThread(
-    () => ({
-      op: "priority",
-      settings: NamespaceDriverSettings.defaults,
-      policy: Policy.PolicySettings.defaults,
-    }),
+    () => ({ op: "priority" }),
     (a) => a.priority,
   )
 
@@ -758,7 +757,7 @@ export const make = (
         // Being made (its request sent, so the thread has it before this): what is left of its
         // making, there; the thread sets the weight again, should its making set it after the line
         // above.
-        thread?.postMessage({ op: "want", settings: s, policy, id, seq: -1 } satisfies ThreadRequest)
+        thread?.postMessage({ op: "want", cgroupRoot: s.cgroupRoot, id, seq: -1 } satisfies ThreadRequest)
       }),
     destroy: (id) =>
       Effect.tryPromise({
@@ -794,7 +793,7 @@ export const layer = Layer.effect(
 // On the machine thread (its program is this file, bundled), requests are served.
 if (!isMainThread && (workerData as { machineThread?: unknown } | null)?.machineThread === true)
   parentPort?.on("message", (r: ThreadRequest) => {
-    if (r.op === "want") return want(r.settings, r.id)
+    if (r.op === "want") return want(r.cgroupRoot, r.id)
     if (r.op === "priority") {
       const tools = toolRunnerPid()
       return parentPort?.postMessage({
