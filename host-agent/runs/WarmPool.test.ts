@@ -94,18 +94,21 @@ describe("warm pool", () => {
     const taken = await run(pool.take(base, "s"))
     expect(Option.isSome(taken)).toBe(true)
     const warm = Option.getOrThrow(taken)
-    expect(warm.machine.id).toBe(first?.id)
-    expect(warm.machine.limits.vcpus).toBe(1)
-    // The run's now: it weighs as any run's machine; the one left waiting does not.
-    expect([weight(warm.machine.id), weight(second?.id ?? "")]).toEqual([NORMAL_WEIGHT, BACKGROUND_WEIGHT])
-    const out = await run(warm.guest.bash({ command: "echo ready-$((6*7))" }))
-    expect(out).toMatchObject({ exit_code: 0, output: "ready-42\n" })
-    // The pool no longer holds it, and makes another in its place.
-    expect((await run(pool.ready)).map((m) => m.id)).not.toContain(warm.machine.id)
-    await until("the pool full again", async () => (await run(pool.ready)).length === 2)
-    // The taken machine is the taker's to destroy.
-    await run(warm.close)
-    await run(driver.destroy(warm.machine.id))
+    try {
+      expect(warm.machine.id).toBe(first?.id)
+      expect(warm.machine.limits.vcpus).toBe(1)
+      // The run's now: it weighs as any run's machine; the one left waiting does not.
+      expect([weight(warm.machine.id), weight(second?.id ?? "")]).toEqual([NORMAL_WEIGHT, BACKGROUND_WEIGHT])
+      const out = await run(warm.guest.bash({ command: "echo ready-$((6*7))" }))
+      expect(out).toMatchObject({ exit_code: 0, output: "ready-42\n" })
+      // The pool no longer holds it, and makes another in its place.
+      expect((await run(pool.ready)).map((m) => m.id)).not.toContain(warm.machine.id)
+      await until("the pool full again", async () => (await run(pool.ready)).length === 2)
+    } finally {
+      // The taken machine is the taker's to destroy, also when an assertion failed.
+      await run(warm.close)
+      await run(driver.destroy(warm.machine.id))
+    }
     expect(await leftovers(warm.machine.id)).toEqual([])
   }, 120_000)
 
@@ -139,12 +142,16 @@ describe("warm pool", () => {
     // Promised while it was being made: wanted then (the rest of its making is the run's), and
     // weighing as any run's machine.
     const id = taken.machine.id
-    expect(calls.indexOf(`wanted ${id}`)).toBeGreaterThanOrEqual(0)
-    expect(calls.indexOf(`wanted ${id}`)).toBeLessThan(calls.indexOf(`made ${id}`))
-    expect(weight(id)).toBe(NORMAL_WEIGHT)
-    expect((await run(taken.guest.bash({ command: "true" }))).exit_code).toBe(0)
-    await run(taken.close)
-    await run(driver.destroy(taken.machine.id))
+    try {
+      expect(calls.indexOf(`wanted ${id}`)).toBeGreaterThanOrEqual(0)
+      expect(calls.indexOf(`wanted ${id}`)).toBeLessThan(calls.indexOf(`made ${id}`))
+      expect(weight(id)).toBe(NORMAL_WEIGHT)
+      expect((await run(taken.guest.bash({ command: "true" }))).exit_code).toBe(0)
+    } finally {
+      // The taker's to destroy, also when an assertion failed.
+      await run(taken.close)
+      await run(driver.destroy(id))
+    }
   }, 120_000)
 
   it("a take that stops waiting gives the machine being made back to the pool", async () => {
