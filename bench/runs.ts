@@ -40,8 +40,9 @@ const blocks = Math.max(1, Math.min(commands, Number(process.argv[4] ?? 8)))
 /** Which topologies to measure: `one` (npm start), `roles` (a process per role), `warm`. */
 const only = new Set((process.argv[5] ?? "one,roles,warm").split(","))
 /**
- * `BENCH_CPU_PROFILE=<folder>`: this process's CPU profile of each block of one-request commands
- * (the server's, when its roles run here), written there as `one-<n>.cpuprofile`, and of the runs
+ * `BENCH_CPU_PROFILE=<folder>`: this process's CPU profile of each block of commands (the
+ * server's, when its roles run here), written there as `two-<n>.cpuprofile` (two requests each)
+ * and `one-<n>.cpuprofile` (one request each), and of the runs
  * one after another as `runs-<n>.cpuprofile` (open in Chrome's DevTools;
  * `bench/profile-summary.ts` sums it by package and file).
  */
@@ -49,12 +50,12 @@ const profileDir = process.env.BENCH_CPU_PROFILE
 const profiling = profileDir === undefined ? undefined : new Session()
 let profiled = 0
 const keepProfile =
-  (what: "one" | "runs") =>
+  (what: "one" | "two" | "runs") =>
   async ({ profile }: { profile: unknown }) => {
     const file = join(profileDir ?? "", `${what}-${++profiled}.cpuprofile`)
     await writeFile(file, JSON.stringify(profile))
     console.log(
-      `CPU profile of ${what === "one" ? "a block of one-request commands" : "the runs one after another"}: ${file}`,
+      `CPU profile of ${what === "runs" ? "the runs one after another" : `a block of ${what}-request commands`}: ${file}`,
     )
   }
 if (profiling) {
@@ -197,12 +198,13 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         if (profiling && !stack.processes) void profiling.post("Profiler.stop").then(keepProfile("runs"))
       }
       if (m.block === "start") {
-        if (m.phase === "one" && profiling) void profiling.post("Profiler.start")
+        if (profiling) void profiling.post("Profiler.start")
         cpu0 = process.cpuUsage()
       }
       if (m.block === "end") {
         const used = process.cpuUsage(cpu0)
-        if (m.phase === "one" && profiling) void profiling.post("Profiler.stop").then(keepProfile("one"))
+        if (profiling)
+          void profiling.post("Profiler.stop").then(keepProfile(m.phase === "one" ? "one" : "two"))
         if (m.phase === "one") cpuOneUs += used.user + used.system
         else cpuUs += used.user + used.system
         // As many bare execs as the block had commands.

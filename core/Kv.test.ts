@@ -468,105 +468,166 @@ layer(layerAll())("Kv", (it) => {
       yield* Effect.promise(() => connection.flush())
       yield* Effect.addFinalizer(() => Effect.sync(() => spy.unsubscribe()))
       return {
+        // The count once the reads sent before are in (taken after the flush, each time it runs).
         reads: () =>
-          Effect.as(
+          Effect.map(
             Effect.promise(() => connection.flush()),
-            reads,
+            () => reads,
           ),
       }
     })
 
+  // A follower of `filter`, closed with the test's scope.
+  const following = (kv: Kv.Kv<typeof Counter.Type>, filter: string) =>
+    Effect.acquireRelease(kv.follow(filter), (f) => Effect.sync(() => f.close()))
+
   it.scoped(
-    "listen: a key first written after it started is answered from its writes alone, with no read",
+    "follow: a key first written after it started is answered from its writes alone, with no read",
     () =>
       Effect.gen(function* () {
         const kv = yield* actors
         const run = uniqueName("r")
         const { reads } = yield* countReads(kv.bucket, run)
-        yield* kv.listen(`${run}.*`, (listener) =>
-          Effect.gen(function* () {
-            yield* kv.put(`${run}.2`, { n: 9, by: "other key" })
-            yield* kv.put(`${run}.1`, { n: 1, by: "a" })
-            yield* kv.put(`${run}.1`, { n: 2, by: "b" })
-            expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000)).toEqual(
-              Option.some({ n: 2, by: "b" }),
-            )
-          }),
+        const follower = yield* following(kv, `${run}.*`)
+        yield* kv.put(`${run}.2`, { n: 9, by: "other key" })
+        yield* kv.put(`${run}.1`, { n: 1, by: "a" })
+        yield* kv.put(`${run}.1`, { n: 2, by: "b" })
+        expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000)).toEqual(
+          Option.some({ n: 2, by: "b" }),
+        )
+        // The latest write is the current value: one that does not pass waits for the next.
+        expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 50)).toEqual(Option.none())
+        expect(yield* follower.awaitValueUpTo(`${run}.2`, (v) => v.n === 9, 10_000)).toEqual(
+          Option.some({ n: 9, by: "other key" }),
         )
         expect(yield* reads()).toBe(0)
       }),
   )
 
-  it.scoped("listen: a key with no write since it started is read first, then waited on", () =>
+  it.scoped("follow: a key with no write since it started is read first, then waited on", () =>
     Effect.gen(function* () {
       const kv = yield* actors
       const run = uniqueName("r")
       yield* kv.put(`${run}.1`, { n: 5, by: "before" })
       const { reads } = yield* countReads(kv.bucket, run)
-      yield* kv.listen(`${run}.*`, (listener) =>
-        Effect.gen(function* () {
-          expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 5, 10_000)).toEqual(
-            Option.some({ n: 5, by: "before" }),
-          )
-          expect(yield* reads()).toBe(1)
-          // Not passing now: the wait goes on to the writes that come, and none of another key answers.
-          const waiting = yield* Effect.fork(listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000))
-          yield* kv.put(`${run}.2`, { n: 6, by: "other key" })
-          yield* kv.put(`${run}.1`, { n: 6, by: "after" })
-          expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 6, by: "after" }))
-          expect(yield* listener.awaitValueUpTo(`${run}.3`, () => true, 50)).toEqual(Option.none())
-        }),
+      const follower = yield* following(kv, `${run}.*`)
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 5, 10_000)).toEqual(
+        Option.some({ n: 5, by: "before" }),
       )
+      expect(yield* reads()).toBe(1)
+      // Not passing now: the wait goes on to the writes that come, and none of another key answers.
+      const waiting = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000))
+      yield* kv.put(`${run}.2`, { n: 6, by: "other key" })
+      yield* kv.put(`${run}.1`, { n: 6, by: "after" })
+      expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 6, by: "after" }))
+      // That wait read the key too (no write had come yet); once one has, no more reads.
+      expect(yield* reads()).toBe(2)
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 6, 10_000)).toEqual(
+        Option.some({ n: 6, by: "after" }),
+      )
+      expect(yield* reads()).toBe(2)
+      expect(yield* follower.awaitValueUpTo(`${run}.3`, () => true, 50)).toEqual(Option.none())
     }),
   )
 
-  it.scoped("listen: past the writes it keeps, a wait reads the key instead of trusting them", () =>
+  it.scoped("follow: waits on several keys at once each get their own key's writes, in order", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const { connection } = yield* Nats
+      const run = uniqueName("r")
+      const { reads } = yield* countReads(kv.bucket, run)
+      const follower = yield* following(kv, `${run}.*`)
+      const before = subscriptions(connection)
+      const one = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000))
+      const alsoOne = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 3, 10_000))
+      const two = yield* Effect.fork(follower.awaitValueUpTo(`${run}.2`, (v) => v.n >= 1, 10_000))
+      // Each wait has asked for its key (none there), after queueing its writes: the writes below,
+      // sent after the reads on the same connection, all reach them.
+      yield* reads().pipe(Effect.repeat({ until: (n) => n === 3 }))
+      // An intermediate value passes the first wait although a later write came before it looked.
+      yield* Effect.forEach([1, 2, 3], (n) => kv.put(`${run}.1`, { n, by: "one" }), { discard: true })
+      yield* kv.put(`${run}.2`, { n: 1, by: "two" })
+      expect(yield* Fiber.join(one)).toEqual(Option.some({ n: 2, by: "one" }))
+      expect(yield* Fiber.join(alsoOne)).toEqual(Option.some({ n: 3, by: "one" }))
+      expect(yield* Fiber.join(two)).toEqual(Option.some({ n: 1, by: "two" }))
+      // No wait made a subscription of its own.
+      expect(subscriptions(connection)).toBe(before)
+    }),
+  )
+
+  it.scoped("follow: past the values it keeps, a wait reads the key instead of trusting them", () =>
     Effect.gen(function* () {
       const kv = yield* actors
       const run = uniqueName("r")
       const { reads } = yield* countReads(kv.bucket, run)
-      yield* kv.listen(`${run}.*`, (listener) =>
-        Effect.gen(function* () {
-          // The key's one write falls out of the kept writes: only a read can find it.
-          yield* kv.put(`${run}.1`, { n: 1, by: "early" })
-          yield* Effect.forEach(
-            Array.from({ length: 300 }, (_, i) => i + 2),
-            (i) => kv.put(`${run}.${i}`, { n: i, by: "filler" }),
-            { concurrency: 16 },
-          )
-          expect(yield* listener.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
-            Option.some({ n: 1, by: "early" }),
-          )
-        }),
+      const follower = yield* following(kv, `${run}.*`)
+      // The key's one write falls out of the kept values (about 256 KiB): only a read can find it.
+      yield* kv.put(`${run}.1`, { n: 1, by: "early" })
+      const filler = "x".repeat(4096)
+      yield* Effect.forEach(
+        Array.from({ length: 80 }, (_, i) => i + 2),
+        (i) => kv.put(`${run}.${i}`, { n: i, by: filler }),
+        { concurrency: 16 },
+      )
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+        Option.some({ n: 1, by: "early" }),
+      )
+      expect(yield* reads()).toBe(1)
+      // The newest are still kept: no read for them.
+      expect(yield* follower.awaitValueUpTo(`${run}.81`, (v) => v.n === 81, 10_000)).toEqual(
+        Option.some({ n: 81, by: filler }),
       )
       expect(yield* reads()).toBe(1)
     }),
   )
 
-  it.effect("listen: its subscription ends with its use, however that ends", () =>
+  it.scoped("follow: after the connection went away and came back, what it kept is read again", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const nats = yield* Nats
+      const run = uniqueName("r")
+      const { reads } = yield* countReads(kv.bucket, run)
+      const follower = yield* following(kv, `${run}.*`)
+      yield* kv.put(`${run}.1`, { n: 1, by: "a" })
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+        Option.some({ n: 1, by: "a" }),
+      )
+      expect(yield* reads()).toBe(0)
+      // A write made while away would not have come: the kept one is no longer trusted.
+      const changes = nats.changes()
+      yield* attempt("reconnect", () => nats.connection.reconnect())
+      yield* Effect.yieldNow().pipe(Effect.repeat({ until: () => nats.changes() >= changes + 2 }))
+      yield* attempt("flush", () => nats.connection.flush())
+      expect(follower.open()).toBe(true)
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+        Option.some({ n: 1, by: "a" }),
+      )
+      expect(yield* reads()).toBe(1)
+      // It still follows: a later write comes to it.
+      const waiting = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 2, 10_000))
+      yield* kv.put(`${run}.1`, { n: 2, by: "b" })
+      expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 2, by: "b" }))
+    }),
+  )
+
+  it.scoped("follow: closing it unsubscribes and ends the waits under way", () =>
     Effect.gen(function* () {
       const kv = yield* actors
       const { connection } = yield* Nats
+      const run = uniqueName("r")
+      const { reads } = yield* countReads(kv.bucket, run)
       const before = subscriptions(connection)
-      const during = yield* kv.listen(`${uniqueName("r")}.*`, () =>
-        Effect.sync(() => subscriptions(connection)),
-      )
-      expect(during).toBe(before + 1)
-      expect(subscriptions(connection)).toBe(before)
-      const failed = yield* kv
-        .listen(`${uniqueName("r")}.*`, () => Effect.fail("used" as const))
-        .pipe(Effect.flip)
-      expect(failed).toBe("used")
-      expect(subscriptions(connection)).toBe(before)
-      const started = yield* Deferred.make<void>()
-      const using = yield* Effect.fork(
-        kv.listen(`${uniqueName("r")}.*`, () =>
-          Effect.zipRight(Deferred.succeed(started, undefined), Effect.never),
-        ),
-      )
-      yield* Deferred.await(started)
+      const follower = yield* kv.follow(`${run}.*`)
       expect(subscriptions(connection)).toBe(before + 1)
-      yield* Fiber.interrupt(using)
+      expect(follower.open()).toBe(true)
+      const waiting = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, () => true, 60_000))
+      // Waiting for writes once it has read the key (none there).
+      yield* reads().pipe(Effect.repeat({ until: (n) => n === 1 }))
+      yield* Effect.yieldNow().pipe(Effect.repeat({ times: 20 }))
+      follower.close()
+      const ended = yield* Fiber.join(waiting).pipe(Effect.flip)
+      expect(ended).toMatchObject({ _tag: "NatsError", message: "the subscription ended" })
+      expect(follower.open()).toBe(false)
       expect(subscriptions(connection)).toBe(before)
     }),
   )

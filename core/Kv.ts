@@ -10,16 +10,11 @@
 import { type JetStreamClient, type JetStreamManager, PubHeaders } from "@nats-io/jetstream"
 import type { KV, KvEntry as KvWatchEntry, KvWatchInclude } from "@nats-io/kv"
 import { Kvm } from "@nats-io/kv"
-import {
-  type Msg,
-  type NatsConnection,
-  headers as natsHeaders,
-  type Subscription,
-} from "@nats-io/transport-node"
+import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node"
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
 import type { ParseError } from "effect/ParseResult"
-import { attempt, Nats, NatsError } from "./Nats.ts"
+import { attempt, Nats, type NatsClients, NatsError } from "./Nats.ts"
 import { publishVia, sendVia } from "./Stream.ts"
 
 /**
@@ -122,7 +117,7 @@ export interface Kv<A> {
    * what is written while the connection is away is missed, and past 256 waiting for `f` the
    * oldest are let go; a watcher that must see every change uses it beside `watchEach`, not
    * instead. `skip` passes a write over before it is decoded. Fails with `NatsError` when its
-   * subscription ends (the connection closed). The queue is `listen`'s (`republishedWrites`).
+   * subscription ends (the connection closed). The queue is a follower's (`followWrites`).
    */
   readonly writesEach: <E, R>(
     filter: string,
@@ -147,16 +142,13 @@ export interface Kv<A> {
     timeoutMs: number,
   ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
   /**
-   * Listens to the stored writes of keys matching `filter` from now on (the core subscription of
-   * `awaitValue`, on a subject filter) while `use` runs: for a wait on a key not known yet, say a
-   * record the caller is about to have written. Once a write of the key has come, its value is
-   * known without a read. (A `use` callback, not a scope: a scope costs a command's create about
-   * 60 fiber steps.)
+   * Follows the stored writes of keys matching `filter` from now on (the core subscription of
+   * `awaitValue`, on a subject filter) until closed, keeping the latest write of each key: waits on
+   * those keys then need no subscription of their own, and none a read once a write of its key has
+   * come (say, a record the caller is about to have written). A follower may be kept a long time
+   * and serve many waits at once (`gateway/commands/Records.ts` keeps one per run).
    */
-  readonly listen: <B, E, R>(
-    filter: string,
-    use: (listener: KvListener<A>) => Effect.Effect<B, E, R>,
-  ) => Effect.Effect<B, NatsError | E, R>
+  readonly follow: (filter: string) => Effect.Effect<KvFollower<A>, NatsError>
   /**
    * As `watch`, but subscribed when the effect completes: every write after that point is in the
    * stream (subscribe, then read, then wait — no lost wake-up). Unsubscribes when the scope closes.
@@ -167,17 +159,22 @@ export interface Kv<A> {
   ) => Effect.Effect<Stream.Stream<KvChange<A>, NatsError | KvValueInvalid>, NatsError, Scope.Scope>
 }
 
-/** Waits on the writes a `Kv.listen` has seen since it started; one wait at a time (a wait lets go of other keys' writes). */
-export interface KvListener<A> {
+/** The writes a `Kv.follow` has seen, and waits on them. */
+export interface KvFollower<A> {
   /**
-   * As `Kv.awaitValueUpTo`, from the writes of `key` that came since the listener started; the
-   * current value is read first only when none has.
+   * As `Kv.awaitValueUpTo`, from the writes of `key` that have come: the current value is read
+   * first only when none has (or the follower let it go: it keeps about 256 KiB of the newest
+   * values, and none from before a disconnect, when writes may have been missed).
    */
   readonly awaitValueUpTo: (
     key: string,
     test: (value: A) => boolean,
     timeoutMs: number,
   ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
+  /** False once closed, or once its subscription ended (the connection closed). */
+  readonly open: () => boolean
+  /** Unsubscribes; waits under way fail. */
+  readonly close: () => void
 }
 
 const CONFLICT_CODES = new Set([10071, 10164])
@@ -239,87 +236,146 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
   },
 })
 
-/** The stored writes of a subject filter, queued as they come until taken (`awaitValue`, `listen`, `writesEach`). */
-interface RepublishedWrites {
-  /** Whether a write of `key` has come (so its value is known from the writes alone). */
-  readonly seen: (key: string) => boolean
+/** The writes of one key (of every key followed), from when it was asked for, queued until taken. */
+interface WritesQueue {
   /**
-   * The next write of `key` (of any key when undefined) not yet taken, waiting up to `deadline`
-   * (epoch ms); undefined once past it.
+   * The next write not taken yet, waiting up to `deadline` (epoch ms); undefined once past it.
+   * Fails once the subscription has ended.
    */
-  readonly next: (key: string | undefined, deadline: number) => Effect.Effect<Msg | undefined, NatsError>
+  readonly next: (deadline: number) => Effect.Effect<Msg | undefined, NatsError>
+  /** Stops queueing. */
   readonly close: () => void
 }
 
-// Writes kept of keys not asked for yet: past this, a wait reads the current value instead of
-// trusting the writes (a run's records do not come near it between a listen and its wait).
-const WRITES_KEPT = 256
+/** The stored writes of a subject filter as its core subscription brings them (`follow`, `awaitValue`, `writesEach`). */
+interface FollowedWrites {
+  /** The latest write of `key` that came, while it is kept. */
+  readonly latest: (key: string) => Msg | undefined
+  /** The writes of `key` (of every key when undefined) from now on. */
+  readonly queue: (key: string | undefined) => WritesQueue
+  readonly open: () => boolean
+  readonly close: () => void
+}
 
-const republishedWrites = (
-  connection: NatsConnection,
+// Writes queued for one wait (or for `writesEach`) and not taken yet: past this the oldest go.
+const WRITES_QUEUED = 256
+// The latest writes a follower keeps, by the size of their values: past this the oldest key's goes,
+// and a wait on that key reads it. A run's command record is a few hundred bytes.
+const FOLLOWED_BYTES = 256 * 1024
+
+interface Queued {
+  readonly msgs: Array<Msg>
+  wake: (() => void) | undefined
+}
+
+const followWrites = (
+  nats: Pick<NatsClients, "connection" | "changes">,
   prefix: string,
   filter: string,
   bucket: string,
-): RepublishedWrites => {
+  keptBytes: number,
+): FollowedWrites => {
   const operation = `kv.subscribe ${bucket}`
-  const queued: Array<Msg> = []
-  const seenKeys = new Set<string>()
-  let overflowed = false
+  const latest = new Map<string, Msg>()
+  let bytes = 0
+  // The connection's disconnects and reconnects when the kept writes were last checked: writes
+  // may be missed while it is away, so none kept from before one is trusted.
+  let changes = nats.changes()
+  const trust = () => {
+    if (nats.changes() === changes) return
+    changes = nats.changes()
+    latest.clear()
+    bytes = 0
+  }
+  const keep = (key: string, msg: Msg) => {
+    trust()
+    const before = latest.get(key)
+    if (before !== undefined) {
+      bytes -= before.data.length
+      latest.delete(key)
+    }
+    latest.set(key, msg)
+    bytes += msg.data.length
+    for (const [oldest, kept] of latest) {
+      if (bytes <= keptBytes) break
+      latest.delete(oldest)
+      bytes -= kept.data.length
+    }
+  }
+  const queues = new Map<string | undefined, Set<Queued>>()
+  const deliver = (to: Set<Queued> | undefined, msg: Msg) => {
+    for (const q of to ?? []) {
+      if (q.msgs.length >= WRITES_QUEUED) q.msgs.shift()
+      q.msgs.push(msg)
+      q.wake?.()
+    }
+  }
   let ended = false
-  let wake: (() => void) | undefined
-  const sub: Subscription = connection.subscribe(prefix + filter, {
-    callback: (_error, msg) => {
-      if (queued.length >= WRITES_KEPT) {
-        queued.shift()
-        overflowed = true
-      }
-      queued.push(msg)
-      if (!overflowed) seenKeys.add(msg.subject.slice(prefix.length))
-      wake?.()
+  const sub: Subscription = nats.connection.subscribe(prefix + filter, {
+    callback: (error, msg) => {
+      if (error !== null) return
+      const key = msg.subject.slice(prefix.length)
+      if (keptBytes > 0) keep(key, msg)
+      deliver(queues.get(key), msg)
+      deliver(queues.get(undefined), msg)
     },
   })
   void sub.closed.then(() => {
     ended = true
-    wake?.()
+    for (const set of queues.values()) for (const q of set) q.wake?.()
   })
-  // The first queued write of `subject` (of any, when undefined); writes of other keys before it are let go.
-  const take = (subject: string | undefined): Msg | undefined => {
-    while (queued.length > 0) {
-      const msg = queued.shift() as Msg
-      if (subject === undefined || msg.subject === subject) return msg
+  const queue = (key: string | undefined): WritesQueue => {
+    const q: Queued = { msgs: [], wake: undefined }
+    let set = queues.get(key)
+    if (set === undefined) {
+      set = new Set()
+      queues.set(key, set)
     }
-    return undefined
-  }
-  const next = (key: string | undefined, deadline: number) =>
-    Effect.async<Msg | undefined, NatsError>((resume) => {
-      const subject = key === undefined ? undefined : prefix + key
-      const ready = () => {
-        const msg = take(subject)
-        if (msg !== undefined) resume(Effect.succeed(msg))
-        else if (ended) resume(Effect.fail(new NatsError({ operation, message: "the subscription ended" })))
-        else return false
-        return true
-      }
-      if (ready()) return
-      const left = deadline - Date.now()
-      if (left <= 0) return resume(Effect.succeed(undefined))
-      const timer = Number.isFinite(left)
-        ? setTimeout(() => {
-            wake = undefined
-            resume(Effect.succeed(undefined))
-          }, left)
-        : undefined
-      wake = () => {
-        if (!ready()) return
-        wake = undefined
-        clearTimeout(timer)
-      }
-      return Effect.sync(() => {
-        wake = undefined
-        clearTimeout(timer)
+    set.add(q)
+    const next = (deadline: number) =>
+      Effect.async<Msg | undefined, NatsError>((resume) => {
+        const ready = () => {
+          const msg = q.msgs.shift()
+          if (msg !== undefined) resume(Effect.succeed(msg))
+          else if (ended) resume(Effect.fail(new NatsError({ operation, message: "the subscription ended" })))
+          else return false
+          return true
+        }
+        if (ready()) return
+        const left = deadline - Date.now()
+        if (left <= 0) return resume(Effect.succeed(undefined))
+        const timer = Number.isFinite(left)
+          ? setTimeout(() => {
+              q.wake = undefined
+              resume(Effect.succeed(undefined))
+            }, left)
+          : undefined
+        q.wake = () => {
+          if (!ready()) return
+          q.wake = undefined
+          clearTimeout(timer)
+        }
+        return Effect.sync(() => {
+          q.wake = undefined
+          clearTimeout(timer)
+        })
       })
-    })
-  return { seen: (key) => !overflowed && seenKeys.has(key), next, close: () => sub.unsubscribe() }
+    const close = () => {
+      const own = set as Set<Queued>
+      own.delete(q)
+      if (own.size === 0 && queues.get(key) === own) queues.delete(key)
+    }
+    return { next, close }
+  }
+  return {
+    latest: (key) => {
+      trust()
+      return latest.get(key)
+    },
+    queue,
+    open: () => !ended && !sub.isClosed(),
+    close: () => sub.unsubscribe(),
+  }
 }
 
 // Typed views are made freely (per request, per actor read), so each connection opens each bucket
@@ -451,7 +507,7 @@ const build = <A, I>(
   schema: Schema.Schema<A, I>,
 ): Effect.Effect<Kv<A>, NatsError> =>
   Effect.gen(function* () {
-    const { js, jsm, connection, requests } = nats
+    const { js, jsm, requests } = nats
     const kv: KV = yield* attempt(`kv.open ${bucket}`, () => opened(js, bucket))
     const { encodeJson, decodeJson } = codecsOf(schema)
     const textDecoder = new TextDecoder()
@@ -712,41 +768,60 @@ const build = <A, I>(
     // subscription, and the server handles one connection's messages in order, so a write
     // republished before it listens was stored before the read. One callback subscription and one
     // timer, no fibers: a long poll's wait is on the path of every command.
-    const subscribeWrites = (filter: string): Either.Either<RepublishedWrites, NatsError> => {
+    const followed = (filter: string, keptBytes: number): Either.Either<FollowedWrites, NatsError> => {
       try {
-        return Either.right(republishedWrites(connection, republished, filter, bucket))
+        return Either.right(followWrites(nats, republished, filter, bucket, keptBytes))
       } catch (cause) {
         const message = cause instanceof Error ? cause.message : String(cause)
         return Either.left(new NatsError({ operation: `kv.subscribe ${bucket}`, message, cause }))
       }
     }
 
-    // The first write of `key` that `test` accepts, from `writes`, up to `deadline`; the current
-    // value is read first unless a write of the key has come already (then it is known).
+    // The first value of `key` that `test` accepts, current or to come, from `writes`, up to
+    // `deadline`: the latest write that came is the current value, else it is read (after the
+    // key's writes are queued, so none is missed; those not newer than the read are passed over).
     const awaitIn = (
-      writes: RepublishedWrites,
+      writes: FollowedWrites,
       key: string,
       test: (value: A) => boolean,
       deadline: number,
     ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
-      Effect.gen(function* () {
-        if (!writes.seen(key)) {
-          const now = yield* get(key)
-          if (Option.isSome(now) && test(now.value.value)) return Option.some(now.value.value)
-        }
-        for (;;) {
-          const msg = yield* writes.next(key, deadline)
-          if (msg === undefined) return Option.none()
-          const op = msg.headers?.get("KV-Operation")
-          if (op === "DEL" || op === "PURGE") continue
-          const value = yield* decode(key, msg.data)
-          if (test(value)) return Option.some(value)
-        }
+      Effect.suspend(() => {
+        const queue = writes.queue(key)
+        return Effect.gen(function* () {
+          const seen = writes.latest(key)
+          let read = 0
+          if (seen !== undefined) {
+            const value = yield* writtenValue(key, seen)
+            if (Option.isSome(value) && test(value.value)) return value
+          } else {
+            const now = yield* get(key)
+            if (Option.isSome(now)) {
+              if (test(now.value.value)) return Option.some(now.value.value)
+              read = now.value.revision
+            }
+          }
+          for (;;) {
+            const msg = yield* queue.next(deadline)
+            if (msg === undefined) return Option.none()
+            if (read > 0 && Number(msg.headers?.get("Nats-Sequence")) <= read) continue
+            const value = yield* writtenValue(key, msg)
+            if (Option.isSome(value) && test(value.value)) return value
+          }
+        }).pipe(Effect.ensuring(Effect.sync(() => queue.close())))
       })
+    // A republished write's value; none for a deletion.
+    const writtenValue = (key: string, msg: Msg): Effect.Effect<Option.Option<A>, KvValueInvalid> => {
+      const op = msg.headers?.get("KV-Operation")
+      return op === "DEL" || op === "PURGE"
+        ? Effect.succeedNone
+        : Effect.map(decode(key, msg.data), Option.some)
+    }
 
     const deadlineOf = (timeoutMs: number | undefined) =>
       timeoutMs === undefined ? Number.POSITIVE_INFINITY : Date.now() + timeoutMs
 
+    // One key's own subscription, for one wait.
     const awaitUpTo = (
       key: string,
       test: (value: A) => boolean,
@@ -754,42 +829,42 @@ const build = <A, I>(
     ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
       Effect.suspend(() => {
         const deadline = deadlineOf(timeoutMs)
-        return Either.match(subscribeWrites(key), {
+        return Either.match(followed(key, 0), {
           onLeft: Effect.fail,
           onRight: (writes) =>
             awaitIn(writes, key, test, deadline).pipe(Effect.ensuring(Effect.sync(() => writes.close()))),
         })
       })
 
-    const listen: Kv<A>["listen"] = (filter, use) =>
-      Effect.acquireUseRelease(
-        Effect.suspend(() => subscribeWrites(filter)),
-        (writes) =>
-          use({
-            awaitValueUpTo: (key, test, timeoutMs) =>
-              Effect.suspend(() => awaitIn(writes, key, test, deadlineOf(timeoutMs))),
-          }),
-        (writes) => Effect.sync(() => writes.close()),
+    const follow: Kv<A>["follow"] = (filter) =>
+      Effect.suspend(() =>
+        Either.map(followed(filter, FOLLOWED_BYTES), (writes) => ({
+          awaitValueUpTo: (key, test, timeoutMs) => awaitIn(writes, key, test, deadlineOf(timeoutMs)),
+          open: writes.open,
+          close: writes.close,
+        })),
       )
 
     const writesEach: Kv<A>["writesEach"] = (filter, options, f) =>
       Effect.acquireUseRelease(
-        Effect.suspend(() => subscribeWrites(filter)),
-        (writes) =>
-          Effect.gen(function* () {
+        Effect.suspend(() => followed(filter, 0)),
+        (writes) => {
+          const queue = writes.queue(undefined)
+          return Effect.gen(function* () {
             for (;;) {
-              const msg = (yield* writes.next(undefined, Number.POSITIVE_INFINITY)) as Msg
+              const msg = (yield* queue.next(Number.POSITIVE_INFINITY)) as Msg
               const key = msg.subject.slice(republished.length)
               const revision = Number(msg.headers?.get("Nats-Sequence"))
               if (options.skip?.(key, revision) === true) continue
-              const op = msg.headers?.get("KV-Operation")
+              const value = yield* writtenValue(key, msg)
               yield* f(
-                op === "DEL" || op === "PURGE"
+                Option.isNone(value)
                   ? { _tag: "Deleted", key, revision }
-                  : { _tag: "Put", key, value: yield* decode(key, msg.data), revision },
+                  : { _tag: "Put", key, value: value.value, revision },
               )
             }
-          }),
+          })
+        },
         (writes) => Effect.sync(() => writes.close()),
       )
 
@@ -812,6 +887,6 @@ const build = <A, I>(
       watchScoped,
       awaitValue,
       awaitValueUpTo,
-      listen,
+      follow,
     } satisfies Kv<A>
   })

@@ -122,6 +122,11 @@ export interface NatsClients {
    */
   readonly reachable: () => boolean
   /**
+   * How many times the connection has gone away or come back: core subscriptions miss what is
+   * published while it is away, so what one brought is trusted only while this stays the same.
+   */
+  readonly changes: () => number
+  /**
    * Whether the store has been well for a while: reachable and answering, with no disconnect and no
    * unanswered request in the last 10 s. A request that failed otherwise failed for its own reasons;
    * one that failed in such a window most likely failed for the store's.
@@ -225,19 +230,23 @@ export const make = Effect.gen(function* () {
   // client has reconnected.
   let up = true
   let lastTrouble = 0
+  let changes = 0
   void (async () => {
     for await (const s of connection.status()) {
       if (s.type === "disconnect" || s.type === "close") {
         up = false
         lastTrouble = Date.now()
+        changes++
       } else if (s.type === "reconnect") {
         up = true
         lastTrouble = Date.now()
+        changes++
       }
     }
   })().catch(() => undefined)
   void connection.closed().then(() => {
     up = false
+    changes++
   })
   // No account-info round trip either when a store is opened (nats.js asks for it at every
   // `Objm.open`, and the server sums every stream's usage to answer): the streams were made or
@@ -255,7 +264,15 @@ export const make = Effect.gen(function* () {
     up &&
     requests.responsive() &&
     Date.now() - Math.max(lastTrouble, requests.lastTimeout(), lastStoreTrouble) > SETTLE_MS
-  return { connection, js, jsm, requests, reachable: () => up, settled } satisfies NatsClients
+  return {
+    connection,
+    js,
+    jsm,
+    requests,
+    reachable: () => up,
+    changes: () => changes,
+    settled,
+  } satisfies NatsClients
 })
 
 /** The connection as a layer, configured by `NatsSettings`. */

@@ -16,16 +16,18 @@ import type { RawQuery } from "../Router.ts"
 /**
  * Settings of the command routes: how long to wait for the run actor's answer
  * (`HANGAR_COMMAND_ASK_TIMEOUT_MS`), how long a cancel waits for the command to end
- * (`HANGAR_COMMAND_CANCEL_WAIT_MS`), and the JSON size of one list read (about 4 MiB,
- * `HANGAR_COMMAND_LIST_MAX_BYTES`).
+ * (`HANGAR_COMMAND_CANCEL_WAIT_MS`), the JSON size of one list read (about 4 MiB,
+ * `HANGAR_COMMAND_LIST_MAX_BYTES`), and how long a run's records are followed after their last
+ * use (a minute, `HANGAR_COMMAND_FOLLOW_IDLE_MS`; `Records.ts`).
  */
 export const CommandRouteSettings = defineSettings(
   "hangar/CommandRouteSettings",
-  { askTimeoutMs: 10_000, cancelWaitMs: 10_000, listMaxBytes: 4 * 1024 * 1024 },
+  { askTimeoutMs: 10_000, cancelWaitMs: 10_000, listMaxBytes: 4 * 1024 * 1024, followIdleMs: 60_000 },
   (d) => ({
     askTimeoutMs: env.integer("COMMAND_ASK_TIMEOUT_MS", d.askTimeoutMs),
     cancelWaitMs: env.integer("COMMAND_CANCEL_WAIT_MS", d.cancelWaitMs),
     listMaxBytes: env.integer("COMMAND_LIST_MAX_BYTES", d.listMaxBytes),
+    followIdleMs: env.integer("COMMAND_FOLLOW_IDLE_MS", d.followIdleMs),
   }),
 )
 

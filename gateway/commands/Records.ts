@@ -10,9 +10,9 @@
  * - "Changed after N" uses the bucket's revisions as the change counter: each record's revision is
  *   its last write, so a command shows up again each time it changes (`core/KvChanges.ts`).
  * - Every wait subscribes before it reads, so a write between a read and the wait is never
- *   missed: one key with `Kv.awaitValue` (a core subscription, then the current value), the changes
- *   of a run with a KV watch from revision N+1. Callers bound waits with a timeout; interrupting
- *   one (the client went away) unsubscribes.
+ *   missed: one record through the run's follower (below; the record is read only when none of
+ *   its writes has come), the changes of a run with a KV watch from revision N+1. Callers bound
+ *   waits with a timeout; interrupting one (the client went away) ends it.
  */
 import { Effect, Option, Schema, Stream } from "effect"
 import * as Kv from "../../core/Kv.ts"
@@ -29,6 +29,7 @@ import { CommandId } from "../../schema/Ids.ts"
 import type { RunState } from "../../schema/Run.ts"
 import { StoredRun } from "../../schema/Run.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
+import { CommandRouteSettings } from "./LongPoll.ts"
 
 type Fails = NatsError | Kv.KvValueInvalid
 
@@ -85,48 +86,131 @@ export const find = (run: string, cid: string) =>
     return Option.filter(yield* get(run, seq.value), (r) => r.id === cid)
   })
 
+// Each run's records this process waits on are followed by one subscription (`Kv.follow`), so a
+// wait on a command needs no subscription of its own, and no read once the command's writes have
+// come to it, as they all have for a command created here (the create route follows its run
+// before asking for it). A follower is kept a minute after its last use (`followIdleMs`), 1,024 at
+// most (the least recently used goes first, never one a wait is using); one whose subscription
+// ended is made again.
+const FOLLOWERS_MAX = 1_024
+
+interface Following {
+  readonly follower: Kv.KvFollower<CommandRecord>
+  usedAt: number
+  waits: number
+}
+
+/** The runs followed on one connection (its view of the bucket), least recently used first. */
+interface Followed {
+  readonly runs: Map<string, Following>
+  readonly idleMs: number
+  sweeper: ReturnType<typeof setInterval> | undefined
+}
+
+const followed = new WeakMap<Kv.Kv<CommandRecord>, Followed>()
+
+// Closes the followers idle for a minute, and the least recently used past the most kept.
+const sweep = (on: Followed, now: number) => {
+  for (const [run, f] of on.runs) {
+    if (f.waits > 0) continue
+    if (on.runs.size <= FOLLOWERS_MAX && now - f.usedAt < on.idleMs && f.follower.open()) break
+    f.follower.close()
+    on.runs.delete(run)
+  }
+  if (on.runs.size === 0 && on.sweeper !== undefined) {
+    clearInterval(on.sweeper)
+    on.sweeper = undefined
+  }
+}
+
+/** The follower of run `run`'s records, made when there is none (before a command is asked for). */
+/** How long a run is followed after its last use (the command routes' settings). */
+type FollowSettings = typeof CommandRouteSettings.Tag.Identifier
+
+const following = (run: string): Effect.Effect<Following, NatsError, Nats | Storage | FollowSettings> =>
+  Effect.flatMap(Effect.zip(commands, CommandRouteSettings.Tag), ([kv, settings]) => {
+    let on = followed.get(kv)
+    if (on === undefined) {
+      on = { runs: new Map(), idleMs: settings.followIdleMs, sweeper: undefined }
+      followed.set(kv, on)
+    }
+    const at = on
+    const now = Date.now()
+    const known = at.runs.get(run)
+    if (known?.follower.open() === true) {
+      known.usedAt = now
+      at.runs.delete(run)
+      at.runs.set(run, known)
+      return Effect.succeed(known)
+    }
+    return Effect.map(kv.follow(kvKeys.commandsOf(run)), (follower) => {
+      // Made meanwhile by another request: one follower per run.
+      const other = at.runs.get(run)
+      if (other?.follower.open() === true) {
+        follower.close()
+        return other
+      }
+      other?.follower.close()
+      at.runs.delete(run)
+      const made: Following = { follower, usedAt: now, waits: 0 }
+      at.runs.set(run, made)
+      sweep(at, now)
+      if (at.sweeper === undefined) {
+        at.sweeper = setInterval(() => sweep(at, Date.now()), at.idleMs / 4)
+        at.sweeper.unref()
+      }
+      return made
+    })
+  })
+
+/** Follows run `run`'s records from now on, so the waits on the commands asked for after it need no read. */
+export const follow = (run: string): Effect.Effect<void, NatsError, Nats | Storage | FollowSettings> =>
+  Effect.asVoid(following(run))
+
+// The first value of the record at `seq` that `test` accepts, current or to come, up to `timeoutMs`.
+const awaitRecord = (
+  run: string,
+  seq: number,
+  test: (record: CommandRecord) => boolean,
+  timeoutMs: number,
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage | FollowSettings> =>
+  Effect.flatMap(following(run), (f) => {
+    f.waits++
+    return f.follower.awaitValueUpTo(kvKeys.command(run, seq), test, timeoutMs).pipe(
+      Effect.ensuring(
+        Effect.sync(() => {
+          f.waits--
+          f.usedAt = Date.now()
+        }),
+      ),
+    )
+  })
+
 /** Completes with the record at `seq` once it has ended (at once when it already has); waits as long as it takes. */
 export const awaitEnded = (
   run: string,
   seq: number,
-): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
-  Effect.gen(function* () {
-    const kv = yield* commands
-    return Option.some(yield* kv.awaitValue(kvKeys.command(run, seq), isEnded))
-  })
-
-/**
- * Listens to the writes of the run's records from now on, while `use` runs: made before a command
- * is asked for, its record's writes all come to `endedOrLatest`, which then need not read it
- * (`POST …/commands?wait=`).
- */
-export const listen = <B, E, R>(
-  run: string,
-  use: (listener: RecordsListener) => Effect.Effect<B, E, R>,
-): Effect.Effect<B, Fails | E, Nats | Storage | R> =>
-  Effect.flatMap(commands, (kv) => kv.listen(kvKeys.commandsOf(run), use))
-
-export type RecordsListener = Kv.KvListener<CommandRecord>
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage | FollowSettings> =>
+  awaitRecord(run, seq, isEnded, Number.POSITIVE_INFINITY)
 
 /**
  * Command `cid` (at sequence `seq`) once it has ended, or as it is after `timeoutMs`; none when
- * `seq` holds no record of that command. One read serves as the existence check and the start of
- * the wait (subscribed before it), and the last value read is the answer when the time runs out;
- * with a `listener` made before the command was asked for, the record's writes that came to it
- * make the read needless. The long polls of `GET …/commands/{cid}?wait=` and `POST …/commands?wait=`.
+ * `seq` holds no record of that command. The run's follower serves the wait: the record is read
+ * only when none of its writes came to it (the command was created elsewhere, or long ago), and
+ * the last value seen is the answer when the time runs out. The long polls of
+ * `GET …/commands/{cid}?wait=` and `POST …/commands?wait=`.
  */
 export const endedOrLatest = (
   run: string,
   seq: number,
   cid: string,
   timeoutMs: number,
-  listener?: RecordsListener,
-): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage> =>
+): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage | FollowSettings> =>
   Effect.gen(function* () {
-    const kv = listener ?? (yield* commands)
     let latest: CommandRecord | undefined
-    const ended = yield* kv.awaitValueUpTo(
-      kvKeys.command(run, seq),
+    const ended = yield* awaitRecord(
+      run,
+      seq,
       (r) => {
         latest = r
         return r.id !== cid || isEnded(r)

@@ -8,7 +8,10 @@
  * Through HTTP against the whole stack with no host agent: runs stay `queued`, so their commands
  * stay `queued` until cancelled (the run actor cancels them itself, having no machine to ask).
  */
+import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Nats } from "../../core/Nats.ts"
+import { Storage } from "../../core/Storage.ts"
 import {
   advertiseBase,
   call,
@@ -27,6 +30,8 @@ import {
 
 // A list read holds about this much JSON (small, so paging shows with a few large commands).
 const LIST_MAX_BYTES = 64 * 1024
+// A run's records are followed this long after their last use (short, so its end shows).
+const FOLLOW_IDLE_MS = 3_000
 
 let stack: Stack
 let a: TestAccount
@@ -39,7 +44,10 @@ let run: string // a queued run of `fn`
 let otherRun: string // a queued run of `otherFn`
 
 beforeAll(async () => {
-  stack = await startStack({ noHost: true, settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES } })
+  stack = await startStack({
+    noHost: true,
+    settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES, COMMAND_FOLLOW_IDLE_MS: FOLLOW_IDLE_MS },
+  })
   await advertiseBase(stack, "host_commands_test")
   a = await createAccount(stack, { name: "alpha", memoryMib: 65_536 })
   b = await createAccount(stack, { name: "beta" })
@@ -94,6 +102,33 @@ const latest = async (r: string = run): Promise<number> => {
 /** The run's commands changed after `since`. */
 const changedSince = async (since: number, r: string = run): Promise<Array<Json>> =>
   expectStatus(await get(`/v1/runs/${r}/commands?since=${since}`), 200, "list").commands
+
+/**
+ * Counts the reads of run `r`'s command records from now on: a spy on the direct-get subjects of
+ * its keys sees each read request (the stack's server is a single node).
+ */
+const countReads = (r: string) =>
+  stack.run(
+    Effect.gen(function* () {
+      const { connection } = yield* Nats
+      const { names } = yield* Storage
+      const bucket = names.kv.commands.name
+      let reads = 0
+      const spy = connection.subscribe(`$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.${r}.>`, {
+        callback: () => {
+          reads++
+        },
+      })
+      yield* Effect.promise(() => connection.flush())
+      return {
+        reads: async () => {
+          await connection.flush()
+          return reads
+        },
+        stop: () => spy.unsubscribe(),
+      }
+    }),
+  )
 
 // `write` arguments whose JSON is exactly `bytes` long.
 const writeOf = (bytes: number) => {
@@ -361,6 +396,62 @@ describe("waiting for one command", () => {
     expect(cancelled).toMatchObject({ id: sent.id, state: "cancelled" })
     expect(cancelled.ended_at).toBeDefined()
     expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
+  })
+
+  it("a command created through this gateway is waited on with no read: its run's follower has its writes", async () => {
+    // A run no request has named yet: its first create makes its follower.
+    const fresh = (await startRun(stack, a, fn.function)).id
+    const sent = await send("bash", { command: "true" }, fresh)
+    const spy = await countReads(fresh)
+    try {
+      expect(expectStatus(await get(`/v1/runs/${fresh}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(
+        sent,
+      )
+      expect(await spy.reads()).toBe(0)
+      // The end comes to a wait the same way.
+      const waiting = get(`/v1/runs/${fresh}/commands/${sent.id}?wait=25`)
+      const cancelled = expectStatus(await cancel(fresh, sent.id), 200, "cancel")
+      expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
+    } finally {
+      spy.stop()
+    }
+  })
+
+  it("a run's follower is let go once idle: a wait after that reads the record again", async () => {
+    const fresh = (await startRun(stack, a, fn.function)).id
+    const sent = await send("bash", { command: "true" }, fresh)
+    const spy = await countReads(fresh)
+    try {
+      expect(expectStatus(await get(`/v1/runs/${fresh}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(
+        sent,
+      )
+      expect(await spy.reads()).toBe(0)
+      // Idle past its time and the sweep after it (a quarter of it): its subscription is closed.
+      await new Promise((r) => setTimeout(r, FOLLOW_IDLE_MS * 1.5 + 500))
+      expect(expectStatus(await get(`/v1/runs/${fresh}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(
+        sent,
+      )
+      expect(await spy.reads()).toBe(1)
+    } finally {
+      spy.stop()
+    }
+  })
+
+  it("a gateway that did not see a command's writes reads it once, then waits for its end", async () => {
+    const sent = await send("bash", { command: "true" })
+    // A new gateway (its own connection) follows no run yet.
+    await stack.stopGateway()
+    await stack.startGateway()
+    const spy = await countReads(run)
+    try {
+      const waiting = get(`/v1/runs/${run}/commands/${sent.id}?wait=25`)
+      await expect.poll(() => spy.reads(), { timeout: 15_000, interval: 50 }).toBe(1)
+      const cancelled = expectStatus(await cancel(run, sent.id), 200, "cancel")
+      expect(cancelled).toMatchObject({ id: sent.id, state: "cancelled" })
+      expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
+    } finally {
+      spy.stop()
+    }
   })
 
   it("a create with wait answers its queued record when nothing happens in time", async () => {

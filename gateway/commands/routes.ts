@@ -21,7 +21,8 @@
  *   none) and is what to send next time. A command changing state comes back in a later read. One
  *   read holds about 4 MiB of records (always at least one); the run's `state` is read after the
  *   records, so it is never older than them.
- * - Waits are events, never sleep loops: a KV watch of the record (one command), of the run's
+ * - Waits are events, never sleep loops: the record's stored writes as the run's follower brings
+ *   them (one command: `Records.ts`, no read for a command created here), a KV watch of the run's
  *   records from revision N+1 and of the run's state (the list), an ordered consumer on the
  *   command's output subject one past the last message read (output). The server interrupts the
  *   request's fiber when the client goes away, which ends the wait.
@@ -122,52 +123,44 @@ export const routes = [
           const mailbox = yield* Mailbox
           const created_at = timestamp(yield* Clock.currentTimeMillis)
           const fresh = yield* idsFresh
-          // With `wait`, the run's record writes are listened to before the ask, so the ones of
-          // this command all come to the wait and it need not read the record.
-          const add = (listener: Records.RecordsListener | undefined) =>
-            Effect.gen(function* () {
-              const reply = yield* mailbox
-                .ask(
-                  Run,
-                  run.id,
-                  {
-                    _tag: "AddCommand",
-                    id,
-                    kind: body.kind,
-                    arguments: body.arguments,
-                    source: "caller",
-                    created_at,
-                    fresh,
-                  },
-                  { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}:${attemptTag()}` },
-                )
-                .pipe(
-                  // The actor may have stored it and only its answer was late (a worker restarting):
-                  // the stored command is the answer, never a 500 for a command that exists.
-                  Effect.catchTag("AskTimeout", (e) =>
-                    Effect.flatMap(Effect.either(commandOf(run.id, id)), (found) =>
-                      found._tag === "Right"
-                        ? Effect.succeed({ command: found.right.record })
-                        : Effect.fail(e),
-                    ),
-                  ),
-                )
-              if (!("command" in reply)) return reply
-              const created = reply.command
-              Records.remember(run.id, created.id, created.sequence)
-              if (wait === 0 || Records.isEnded(created)) return reply
-              // With `wait`: the record once the command has ended, or as it is when the time is up.
-              const record = yield* Records.endedOrLatest(
-                run.id,
-                created.sequence,
-                created.id,
-                wait * 1000,
-                listener,
-              )
-              return { command: Option.getOrElse(record, () => created) }
-            })
-          const reply = yield* wait === 0 ? add(undefined) : Records.listen(run.id, add)
-          if ("command" in reply) return json(reply.command, { status: 201 })
+          // The run's records are followed before the ask, so this command's writes all come to
+          // the waits on it (with `wait` here, or a `GET …?wait=` after): they need not read it.
+          yield* Records.follow(run.id)
+          const reply = yield* mailbox
+            .ask(
+              Run,
+              run.id,
+              {
+                _tag: "AddCommand",
+                id,
+                kind: body.kind,
+                arguments: body.arguments,
+                source: "caller",
+                created_at,
+                fresh,
+              },
+              { timeout: Duration.millis(settings.askTimeoutMs), msgId: `add:${id}:${attemptTag()}` },
+            )
+            .pipe(
+              // The actor may have stored it and only its answer was late (a worker restarting):
+              // the stored command is the answer, never a 500 for a command that exists.
+              Effect.catchTag("AskTimeout", (e) =>
+                Effect.flatMap(Effect.either(commandOf(run.id, id)), (found) =>
+                  found._tag === "Right" ? Effect.succeed({ command: found.right.record }) : Effect.fail(e),
+                ),
+              ),
+            )
+          if ("command" in reply) {
+            const created = reply.command
+            Records.remember(run.id, created.id, created.sequence)
+            if (wait === 0 || Records.isEnded(created)) return json(created, { status: 201 })
+            // With `wait`: the record once the command has ended, or as it is when the time is up.
+            const record = yield* Records.endedOrLatest(run.id, created.sequence, created.id, wait * 1000)
+            return json(
+              Option.getOrElse(record, () => created),
+              { status: 201 },
+            )
+          }
           if ("ended" in reply) return yield* Effect.fail(ApiError.runEnded())
           return yield* Effect.fail(ApiError.notFound("run"))
         }),
