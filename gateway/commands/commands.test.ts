@@ -30,8 +30,6 @@ import {
 
 // A list read holds about this much JSON (small, so paging shows with a few large commands).
 const LIST_MAX_BYTES = 64 * 1024
-// A run's records are followed this long after their last use (short, so its end shows).
-const FOLLOW_IDLE_MS = 3_000
 
 let stack: Stack
 let a: TestAccount
@@ -44,10 +42,7 @@ let run: string // a queued run of `fn`
 let otherRun: string // a queued run of `otherFn`
 
 beforeAll(async () => {
-  stack = await startStack({
-    noHost: true,
-    settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES, COMMAND_FOLLOW_IDLE_MS: FOLLOW_IDLE_MS },
-  })
+  stack = await startStack({ noHost: true, settings: { COMMAND_LIST_MAX_BYTES: LIST_MAX_BYTES } })
   await advertiseBase(stack, "host_commands_test")
   a = await createAccount(stack, { name: "alpha", memoryMib: 65_536 })
   b = await createAccount(stack, { name: "beta" })
@@ -412,26 +407,6 @@ describe("waiting for one command", () => {
       const waiting = get(`/v1/runs/${fresh}/commands/${sent.id}?wait=25`)
       const cancelled = expectStatus(await cancel(fresh, sent.id), 200, "cancel")
       expect(expectStatus(await waiting, 200, "GET wait")).toEqual(cancelled)
-    } finally {
-      spy.stop()
-    }
-  })
-
-  it("a run's follower is let go once idle: a wait after that reads the record again", async () => {
-    const fresh = (await startRun(stack, a, fn.function)).id
-    const sent = await send("bash", { command: "true" }, fresh)
-    const spy = await countReads(fresh)
-    try {
-      expect(expectStatus(await get(`/v1/runs/${fresh}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(
-        sent,
-      )
-      expect(await spy.reads()).toBe(0)
-      // Idle past its time and the sweep after it (a quarter of it): its subscription is closed.
-      await new Promise((r) => setTimeout(r, FOLLOW_IDLE_MS * 1.5 + 500))
-      expect(expectStatus(await get(`/v1/runs/${fresh}/commands/${sent.id}?wait=1`), 200, "GET")).toEqual(
-        sent,
-      )
-      expect(await spy.reads()).toBe(1)
     } finally {
       spy.stop()
     }
