@@ -581,6 +581,32 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.effect("follow keeps a copy of each value, not a view of the socket's read buffer it came in", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const nats = yield* Nats
+      const run = uniqueName("r")
+      const writes = Kv.followWrites(nats, Kv.republishedPrefix(kv.bucket), `${run}.*`, kv.bucket, 64 * 1024)
+      try {
+        yield* kv.put(`${run}.1`, { n: 1, by: "a" })
+        yield* kv.put(`${run}.2`, { n: 2, by: "b" })
+        yield* kv.delete(`${run}.2`)
+        yield* attempt("flush", () => nats.connection.flush())
+        const kept = writes.latest(`${run}.1`)
+        expect(kept).toBeInstanceOf(Uint8Array)
+        const bytes = kept as Uint8Array
+        expect(JSON.parse(new TextDecoder().decode(bytes))).toEqual({ n: 1, by: "a" })
+        expect(bytes.byteOffset).toBe(0)
+        expect(bytes.buffer.byteLength).toBe(bytes.length)
+        // A deletion is kept as one.
+        expect(writes.latest(`${run}.2`)).toBeNull()
+        expect(writes.latest(`${run}.3`)).toBeUndefined()
+      } finally {
+        writes.close()
+      }
+    }),
+  )
+
   it.scoped("follow: after the connection went away and came back, what it kept is read again", () =>
     Effect.gen(function* () {
       const kv = yield* actors

@@ -248,9 +248,12 @@ interface WritesQueue {
 }
 
 /** The stored writes of a subject filter as its core subscription brings them (`follow`, `awaitValue`, `writesEach`). */
-interface FollowedWrites {
-  /** The latest write of `key` that came, while it is kept. */
-  readonly latest: (key: string) => Msg | undefined
+export interface FollowedWrites {
+  /**
+   * The value of the latest write of `key` that came, while it is kept: its bytes, or null when it
+   * deleted the key.
+   */
+  readonly latest: (key: string) => Uint8Array | null | undefined
   /** The writes of `key` (of every key when undefined) from now on. */
   readonly queue: (key: string | undefined) => WritesQueue
   readonly open: () => boolean
@@ -268,7 +271,12 @@ interface Queued {
   wake: (() => void) | undefined
 }
 
-const followWrites = (
+/**
+ * Subscribes to the stored writes of keys matching `filter` (republished under `prefix`), keeping
+ * the latest value of each key up to `keptBytes` of values. Exported for its tests; callers use
+ * `Kv.follow`, `awaitValue` or `writesEach`.
+ */
+export const followWrites = (
   nats: Pick<NatsClients, "connection" | "changes">,
   prefix: string,
   filter: string,
@@ -276,7 +284,8 @@ const followWrites = (
   keptBytes: number,
 ): FollowedWrites => {
   const operation = `kv.subscribe ${bucket}`
-  const latest = new Map<string, Msg>()
+  // Copies: a message's data is a view of the socket's read buffer, which it would keep whole.
+  const latest = new Map<string, Uint8Array | null>()
   let bytes = 0
   // The connection's disconnects and reconnects when the kept writes were last checked: writes
   // may be missed while it is away, so none kept from before one is trusted.
@@ -291,15 +300,18 @@ const followWrites = (
     trust()
     const before = latest.get(key)
     if (before !== undefined) {
-      bytes -= before.data.length
+      bytes -= before?.length ?? 0
       latest.delete(key)
     }
-    latest.set(key, msg)
-    bytes += msg.data.length
+    const op = msg.headers?.get("KV-Operation")
+    // `new Uint8Array`, not `slice`: the data may be a Buffer, whose `slice` is a view.
+    const value = op === "DEL" || op === "PURGE" ? null : new Uint8Array(msg.data)
+    latest.set(key, value)
+    bytes += value?.length ?? 0
     for (const [oldest, kept] of latest) {
       if (bytes <= keptBytes) break
       latest.delete(oldest)
-      bytes -= kept.data.length
+      bytes -= kept?.length ?? 0
     }
   }
   const queues = new Map<string | undefined, Set<Queued>>()
@@ -792,8 +804,10 @@ const build = <A, I>(
           const seen = writes.latest(key)
           let read = 0
           if (seen !== undefined) {
-            const value = yield* writtenValue(key, seen)
-            if (Option.isSome(value) && test(value.value)) return value
+            if (seen !== null) {
+              const value = yield* decode(key, seen)
+              if (test(value)) return Option.some(value)
+            }
           } else {
             const now = yield* get(key)
             if (Option.isSome(now)) {
