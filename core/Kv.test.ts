@@ -561,9 +561,9 @@ layer(layerAll())("Kv", (it) => {
       const run = uniqueName("r")
       const { reads } = yield* countReads(kv.bucket, run)
       const follower = yield* following(kv, `${run}.*`)
-      // The key's one write falls out of the kept values (about 256 KiB): only a read can find it.
+      // The key's one write falls out of the kept values (about 64 KiB): only a read can find it.
       yield* kv.put(`${run}.1`, { n: 1, by: "early" })
-      const filler = "x".repeat(4096)
+      const filler = "x".repeat(1024)
       yield* Effect.forEach(
         Array.from({ length: 80 }, (_, i) => i + 2),
         (i) => kv.put(`${run}.${i}`, { n: i, by: filler }),
@@ -636,7 +636,7 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
-  it.scoped("follow: closing it unsubscribes and ends the waits under way", () =>
+  it.scoped("follow: closing it unsubscribes and ends the waits under way, and fails those after", () =>
     Effect.gen(function* () {
       const kv = yield* actors
       const { connection } = yield* Nats
@@ -646,6 +646,11 @@ layer(layerAll())("Kv", (it) => {
       const follower = yield* kv.follow(`${run}.*`)
       expect(subscriptions(connection)).toBe(before + 1)
       expect(follower.open()).toBe(true)
+      // A key whose write it keeps: once closed, that write may be old, and a wait on it fails.
+      yield* kv.put(`${run}.2`, { n: 2, by: "kept" })
+      expect(yield* follower.awaitValueUpTo(`${run}.2`, () => true, 10_000)).toEqual(
+        Option.some({ n: 2, by: "kept" }),
+      )
       const waiting = yield* Effect.fork(follower.awaitValueUpTo(`${run}.1`, () => true, 60_000))
       // Waiting for writes once it has read the key (none there).
       yield* reads().pipe(Effect.repeat({ until: (n) => n === 1 }))
@@ -655,6 +660,8 @@ layer(layerAll())("Kv", (it) => {
       expect(ended).toMatchObject({ _tag: "NatsError", message: "the subscription ended" })
       expect(follower.open()).toBe(false)
       expect(subscriptions(connection)).toBe(before)
+      const after = yield* follower.awaitValueUpTo(`${run}.2`, () => true, 10_000).pipe(Effect.flip)
+      expect(after).toMatchObject({ _tag: "NatsError", message: "the subscription ended" })
     }),
   )
 

@@ -163,7 +163,7 @@ export interface Kv<A> {
 export interface KvFollower<A> {
   /**
    * As `Kv.awaitValueUpTo`, from the writes of `key` that have come: the current value is read
-   * first only when none has (or the follower let it go: it keeps about 256 KiB of the newest
+   * first only when none has (or the follower let it go: it keeps about 64 KiB of the newest
    * values, and none from before a disconnect, when writes may have been missed).
    */
   readonly awaitValueUpTo: (
@@ -173,7 +173,7 @@ export interface KvFollower<A> {
   ) => Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid>
   /** False once closed, or once its subscription ended (the connection closed). */
   readonly open: () => boolean
-  /** Unsubscribes; waits under way fail. */
+  /** Unsubscribes; waits under way, and those asked for after, fail. */
   readonly close: () => void
 }
 
@@ -263,8 +263,9 @@ export interface FollowedWrites {
 // Writes queued for one wait (or for `writesEach`) and not taken yet: past this the oldest go.
 const WRITES_QUEUED = 256
 // The latest writes a follower keeps, by the size of their values: past this the oldest key's goes,
-// and a wait on that key reads it. A run's command record is a few hundred bytes.
-const FOLLOWED_BYTES = 256 * 1024
+// and a wait on that key reads it. A run's command record is a few hundred bytes (its arguments
+// may make it up to about 130 KiB: one that large is not kept). A gateway keeps up to 1,024.
+const FOLLOWED_BYTES = 64 * 1024
 
 interface Queued {
   readonly msgs: Array<Msg>
@@ -799,6 +800,11 @@ const build = <A, I>(
       deadline: number,
     ): Effect.Effect<Option.Option<A>, NatsError | KvValueInvalid> =>
       Effect.suspend(() => {
+        // Closed: what it kept may be old.
+        if (!writes.open())
+          return Effect.fail(
+            new NatsError({ operation: `kv.subscribe ${bucket}`, message: "the subscription ended" }),
+          )
         const queue = writes.queue(key)
         return Effect.gen(function* () {
           const seen = writes.latest(key)

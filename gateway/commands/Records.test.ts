@@ -1,7 +1,8 @@
 /**
  * The followers of runs' records (`Records.ts`): one subscription per run however many waits use
- * it, let go once idle (never while a wait uses it), and at most 1,024 on a connection. Against a
- * real nats-server; subscriptions are counted on the connection itself.
+ * it, let go once idle (never while a wait uses it), at most 1,024 on a connection (the least
+ * recently used go first; past that many in use, a wait still gets one). Against a real
+ * nats-server; the subscriptions are read from the connection itself.
  */
 import { expect, layer } from "@effect/vitest"
 import { Clock, Effect, Fiber, Layer } from "effect"
@@ -13,9 +14,16 @@ import * as Records from "./Records.ts"
 
 const IDLE_MS = 300
 
-// The connection's live subscriptions (nats.js keeps them in its protocol handler).
-const subscriptions = (connection: unknown): number =>
-  (connection as { protocol: { subscriptions: { size: () => number } } }).protocol.subscriptions.size()
+// The runs whose records the connection follows now (nats.js keeps its subscriptions in its
+// protocol handler; a follower's subject is `$KVR.<bucket>.<run>.*`).
+const followedRuns = (connection: unknown): ReadonlySet<string> =>
+  new Set(
+    (
+      connection as { protocol: { subscriptions: { all: () => Array<{ subject: string }> } } }
+    ).protocol.subscriptions
+      .all()
+      .flatMap(({ subject }) => (subject.startsWith("$KVR.") ? [subject.split(".")[2] as string] : [])),
+  )
 
 // Until `done` holds, looking every 20 ms; fails after 10 s.
 const until = (done: () => boolean) =>
@@ -36,35 +44,54 @@ layer(Layer.merge(layerAll(), CommandRouteSettings.layer({ followIdleMs: IDLE_MS
       Effect.gen(function* () {
         const { connection } = yield* Nats
         const [busy, idle] = [uniqueName("run"), uniqueName("run")]
-        const before = subscriptions(connection)
         yield* Records.follow(busy)
         yield* Records.follow(busy)
         yield* Records.follow(idle)
-        expect(subscriptions(connection)).toBe(before + 2)
+        expect(followedRuns(connection)).toEqual(new Set([busy, idle]))
         // Two waits on the busy run's records (none there: they wait as long as it takes).
         const waits = yield* Effect.all(
           [Records.awaitEnded(busy, 1), Records.awaitEnded(busy, 2)].map((w) => Effect.fork(w)),
         )
         // The idle one goes; the busy one stays while its waits last, well past its idle time.
-        yield* until(() => subscriptions(connection) === before + 1)
+        yield* until(() => !followedRuns(connection).has(idle))
         yield* Effect.sleep(`${IDLE_MS * 2} millis`)
-        expect(subscriptions(connection)).toBe(before + 1)
+        expect(followedRuns(connection)).toEqual(new Set([busy]))
         yield* Effect.forEach(waits, Fiber.interrupt)
-        yield* until(() => subscriptions(connection) === before)
+        yield* until(() => followedRuns(connection).size === 0)
       }).pipe(live),
     )
 
-    it.effect("at most 1,024 runs are followed on a connection: the least recently used goes first", () =>
+    it.effect("at most 1,024 runs are followed on a connection: the least recently used go first", () =>
       Effect.gen(function* () {
         const { connection } = yield* Nats
-        const before = subscriptions(connection)
         const runs = Array.from({ length: 1_030 }, () => uniqueName("run"))
         yield* Effect.forEach(runs, Records.follow, { discard: true })
-        expect(subscriptions(connection)).toBe(before + 1_024)
-        // The first six went: following the seventh again makes nothing new.
+        // The first six went.
+        expect(followedRuns(connection)).toEqual(new Set(runs.slice(6)))
+        // Used again, the seventh is the most recent: a new run's follower pushes out the eighth.
         yield* Records.follow(runs[6] as string)
-        expect(subscriptions(connection)).toBe(before + 1_024)
-        yield* until(() => subscriptions(connection) === before)
+        const more = uniqueName("run")
+        yield* Records.follow(more)
+        expect(followedRuns(connection)).toEqual(new Set([...runs.slice(6, 7), ...runs.slice(8), more]))
+        yield* until(() => followedRuns(connection).size === 0)
+      }).pipe(live),
+    )
+
+    it.effect("with 1,024 runs' followers in use, a wait on one more still gets one", () =>
+      Effect.gen(function* () {
+        const { connection } = yield* Nats
+        const runs = Array.from({ length: 1_024 }, () => uniqueName("run"))
+        const waits = yield* Effect.forEach(runs, (run) => Effect.fork(Records.awaitEnded(run, 1)))
+        yield* until(() => followedRuns(connection).size === 1_024)
+        const extra = uniqueName("run")
+        const wait = yield* Effect.fork(Records.awaitEnded(extra, 1))
+        yield* until(() => followedRuns(connection).has(extra))
+        // It waits (no record comes), its follower kept past the most, none of the others let go.
+        yield* Effect.sleep(`${IDLE_MS * 2} millis`)
+        expect(wait.unsafePoll()).toBeNull()
+        expect(followedRuns(connection).size).toBe(1_025)
+        yield* Effect.forEach([...waits, wait], Fiber.interrupt)
+        yield* until(() => followedRuns(connection).size === 0)
       }).pipe(live),
     )
   },

@@ -17,7 +17,7 @@
 import { Effect, Option, Schema, Stream } from "effect"
 import * as Kv from "../../core/Kv.ts"
 import { changesAfter, type KvChangesRead } from "../../core/KvChanges.ts"
-import type { Nats, NatsError } from "../../core/Nats.ts"
+import { Nats, type NatsError } from "../../core/Nats.ts"
 import { Storage } from "../../core/Storage.ts"
 import {
   CommandIndex,
@@ -89,33 +89,39 @@ export const find = (run: string, cid: string) =>
 // Each run's records this process waits on are followed by one subscription (`Kv.follow`), so a
 // wait on a command needs no subscription of its own, and no read once the command's writes have
 // come to it, as they all have for a command created here (the create route follows its run
-// before asking for it). A follower is kept a minute after its last use (`followIdleMs`), 1,024 at
-// most (the least recently used goes first, never one a wait is using); one whose subscription
-// ended is made again.
+// before asking for it). Per connection, a follower is kept `followIdleMs` after its last use (a
+// minute by default, held within 100 ms to a day), 1,024 at most: past that the least recently
+// used go first, never one a wait is using (the count may then go over, rather than a wait fail).
+// One whose subscription ended is made again.
 const FOLLOWERS_MAX = 1_024
+const IDLE_MS_RANGE = [100, 24 * 60 * 60 * 1000] as const
 
 interface Following {
   readonly follower: Kv.KvFollower<CommandRecord>
   usedAt: number
-  waits: number
+  /** Waits using it (and a create following it, for the moment it takes). */
+  holds: number
 }
 
-/** The runs followed on one connection (its view of the bucket), least recently used first. */
+/** The runs followed on one connection, least recently used first. */
 interface Followed {
   readonly runs: Map<string, Following>
   readonly idleMs: number
   sweeper: ReturnType<typeof setInterval> | undefined
 }
 
-const followed = new WeakMap<Kv.Kv<CommandRecord>, Followed>()
+const followed = new WeakMap<object, Followed>()
 
-// Closes the followers idle for a minute, and the least recently used past the most kept.
+// Closes the followers idle past their time or ended, and the least recently used past the most
+// kept; none that is held. Every entry is looked at (1,024 at most, a few times a minute).
 const sweep = (on: Followed, now: number) => {
+  let over = on.runs.size - FOLLOWERS_MAX
   for (const [run, f] of on.runs) {
-    if (f.waits > 0) continue
-    if (on.runs.size <= FOLLOWERS_MAX && now - f.usedAt < on.idleMs && f.follower.open()) break
+    if (f.holds > 0) continue
+    if (over <= 0 && now - f.usedAt < on.idleMs && f.follower.open()) continue
     f.follower.close()
     on.runs.delete(run)
+    over--
   }
   if (on.runs.size === 0 && on.sweeper !== undefined) {
     clearInterval(on.sweeper)
@@ -123,49 +129,78 @@ const sweep = (on: Followed, now: number) => {
   }
 }
 
-/** The follower of run `run`'s records, made when there is none (before a command is asked for). */
+// Marks `f` used now: the most recently used, last in the order.
+const touch = (on: Followed, run: string, f: Following, now: number) => {
+  f.usedAt = now
+  if (on.runs.get(run) !== f) return
+  on.runs.delete(run)
+  on.runs.set(run, f)
+}
+
 /** How long a run is followed after its last use (the command routes' settings). */
 type FollowSettings = typeof CommandRouteSettings.Tag.Identifier
 
-const following = (run: string): Effect.Effect<Following, NatsError, Nats | Storage | FollowSettings> =>
-  Effect.flatMap(Effect.zip(commands, CommandRouteSettings.Tag), ([kv, settings]) => {
-    let on = followed.get(kv)
+/**
+ * The follower of run `run`'s records, made when there is none, held for `use` (so no sweep
+ * closes it meanwhile) and used once more when `use` is over.
+ */
+const holding = <A, E, R>(
+  run: string,
+  use: (follower: Kv.KvFollower<CommandRecord>) => Effect.Effect<A, E, R>,
+): Effect.Effect<A, E | NatsError, R | Nats | Storage | FollowSettings> =>
+  Effect.flatMap(Effect.all([Nats, commands, CommandRouteSettings.Tag]), ([nats, kv, settings]) => {
+    let on = followed.get(nats.connection)
     if (on === undefined) {
-      on = { runs: new Map(), idleMs: settings.followIdleMs, sweeper: undefined }
-      followed.set(kv, on)
+      const [least, most] = IDLE_MS_RANGE
+      on = {
+        runs: new Map(),
+        idleMs: Math.min(most, Math.max(least, settings.followIdleMs)),
+        sweeper: undefined,
+      }
+      followed.set(nats.connection, on)
     }
     const at = on
-    const now = Date.now()
+    const held = (f: Following) => {
+      f.holds++
+      return use(f.follower).pipe(
+        Effect.ensuring(
+          Effect.sync(() => {
+            f.holds--
+            touch(at, run, f, Date.now())
+          }),
+        ),
+      )
+    }
     const known = at.runs.get(run)
     if (known?.follower.open() === true) {
-      known.usedAt = now
-      at.runs.delete(run)
-      at.runs.set(run, known)
-      return Effect.succeed(known)
+      touch(at, run, known, Date.now())
+      return held(known)
     }
-    return Effect.map(kv.follow(kvKeys.commandsOf(run)), (follower) => {
+    return Effect.flatMap(kv.follow(kvKeys.commandsOf(run)), (follower) => {
       // Made meanwhile by another request: one follower per run.
       const other = at.runs.get(run)
       if (other?.follower.open() === true) {
         follower.close()
-        return other
+        return held(other)
       }
       other?.follower.close()
       at.runs.delete(run)
-      const made: Following = { follower, usedAt: now, waits: 0 }
+      const made: Following = { follower, usedAt: Date.now(), holds: 0 }
       at.runs.set(run, made)
-      sweep(at, now)
       if (at.sweeper === undefined) {
         at.sweeper = setInterval(() => sweep(at, Date.now()), at.idleMs / 4)
         at.sweeper.unref()
       }
-      return made
+      made.holds++
+      sweep(at, made.usedAt)
+      made.holds--
+      return held(made)
     })
   })
 
 /** Follows run `run`'s records from now on, so the waits on the commands asked for after it need no read. */
 export const follow = (run: string): Effect.Effect<void, NatsError, Nats | Storage | FollowSettings> =>
-  Effect.asVoid(following(run))
+  holding(run, () => Effect.void)
 
 // The first value of the record at `seq` that `test` accepts, current or to come, up to `timeoutMs`.
 const awaitRecord = (
@@ -174,17 +209,7 @@ const awaitRecord = (
   test: (record: CommandRecord) => boolean,
   timeoutMs: number,
 ): Effect.Effect<Option.Option<CommandRecord>, Fails, Nats | Storage | FollowSettings> =>
-  Effect.flatMap(following(run), (f) => {
-    f.waits++
-    return f.follower.awaitValueUpTo(kvKeys.command(run, seq), test, timeoutMs).pipe(
-      Effect.ensuring(
-        Effect.sync(() => {
-          f.waits--
-          f.usedAt = Date.now()
-        }),
-      ),
-    )
-  })
+  holding(run, (follower) => follower.awaitValueUpTo(kvKeys.command(run, seq), test, timeoutMs))
 
 /** Completes with the record at `seq` once it has ended (at once when it already has); waits as long as it takes. */
 export const awaitEnded = (

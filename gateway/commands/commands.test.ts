@@ -99,8 +99,9 @@ const changedSince = async (since: number, r: string = run): Promise<Array<Json>
   expectStatus(await get(`/v1/runs/${r}/commands?since=${since}`), 200, "list").commands
 
 /**
- * Counts the reads of run `r`'s command records from now on: a spy on the direct-get subjects of
- * its keys sees each read request (the stack's server is a single node).
+ * Counts the reads of run `r`'s command records from now on (not of its index entries, which a
+ * gateway reads to find a command it did not create): a spy on the direct-get subjects of the
+ * records' keys sees each read request (the stack's server is a single node).
  */
 const countReads = (r: string) =>
   stack.run(
@@ -109,7 +110,7 @@ const countReads = (r: string) =>
       const { names } = yield* Storage
       const bucket = names.kv.commands.name
       let reads = 0
-      const spy = connection.subscribe(`$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.${r}.>`, {
+      const spy = connection.subscribe(`$JS.API.DIRECT.GET.KV_${bucket}.$KV.${bucket}.${r}.*`, {
         callback: () => {
           reads++
         },
