@@ -160,17 +160,19 @@ const holding = <A, E, R>(
       followed.set(nats.connection, on)
     }
     const at = on
-    const held = (f: Following) => {
-      f.holds++
-      return use(f.follower).pipe(
-        Effect.ensuring(
+    // Taken and let go as a resource: a request interrupted between the two still lets go.
+    const held = (f: Following) =>
+      Effect.acquireUseRelease(
+        Effect.sync(() => {
+          f.holds++
+        }),
+        () => use(f.follower),
+        () =>
           Effect.sync(() => {
             f.holds--
             touch(at, run, f, Date.now())
           }),
-        ),
       )
-    }
     const known = at.runs.get(run)
     if (known?.follower.open() === true) {
       touch(at, run, known, Date.now())
