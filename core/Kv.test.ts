@@ -581,6 +581,26 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
+  it.scoped("follow: deletions count against what it keeps too, so they cannot grow it without bound", () =>
+    Effect.gen(function* () {
+      const kv = yield* actors
+      const run = uniqueName("r")
+      const { reads } = yield* countReads(kv.bucket, run)
+      const follower = yield* following(kv, `${run}.*`)
+      yield* kv.put(`${run}.1`, { n: 1, by: "early" })
+      // About 90 bytes each: some 1,100 push the key's write out of the 64 KiB.
+      yield* Effect.forEach(
+        Array.from({ length: 1_100 }, (_, i) => i + 2),
+        (i) => kv.delete(`${run}.${i}`),
+        { concurrency: 32 },
+      )
+      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
+        Option.some({ n: 1, by: "early" }),
+      )
+      expect(yield* reads()).toBe(1)
+    }),
+  )
+
   it.effect("follow keeps a copy of each value, not a view of the socket's read buffer it came in", () =>
     Effect.gen(function* () {
       const kv = yield* actors

@@ -297,22 +297,25 @@ export const followWrites = (
     latest.clear()
     bytes = 0
   }
+  // What an entry counts against `keptBytes`: its value, its key and a little for the entry (a
+  // deletion too, so deletions alone cannot grow the map without bound).
+  const sizeOf = (key: string, value: Uint8Array | null) => (value?.length ?? 0) + key.length + 64
   const keep = (key: string, msg: Msg) => {
     trust()
     const before = latest.get(key)
     if (before !== undefined) {
-      bytes -= before?.length ?? 0
+      bytes -= sizeOf(key, before)
       latest.delete(key)
     }
     const op = msg.headers?.get("KV-Operation")
     // `new Uint8Array`, not `slice`: the data may be a Buffer, whose `slice` is a view.
     const value = op === "DEL" || op === "PURGE" ? null : new Uint8Array(msg.data)
     latest.set(key, value)
-    bytes += value?.length ?? 0
+    bytes += sizeOf(key, value)
     for (const [oldest, kept] of latest) {
       if (bytes <= keptBytes) break
       latest.delete(oldest)
-      bytes -= kept?.length ?? 0
+      bytes -= sizeOf(oldest, kept)
     }
   }
   const queues = new Map<string | undefined, Set<Queued>>()
