@@ -555,24 +555,35 @@ layer(layerAll())("Kv", (it) => {
     }),
   )
 
-  it.scoped("follow: past the values it keeps, a wait reads the key instead of trusting them", () =>
+  // A follower of a fresh run whose key `<run>.1` is written, then pushed out of the kept values
+  // by `count` writes of other keys (`others`): a wait on it then reads it.
+  const pushedOut = (
+    count: number,
+    others: (kv: Kv.Kv<typeof Counter.Type>, key: string, i: number) => Effect.Effect<unknown, unknown>,
+  ) =>
     Effect.gen(function* () {
       const kv = yield* actors
       const run = uniqueName("r")
       const { reads } = yield* countReads(kv.bucket, run)
       const follower = yield* following(kv, `${run}.*`)
-      // The key's one write falls out of the kept values (about 64 KiB): only a read can find it.
       yield* kv.put(`${run}.1`, { n: 1, by: "early" })
-      const filler = "x".repeat(1024)
       yield* Effect.forEach(
-        Array.from({ length: 80 }, (_, i) => i + 2),
-        (i) => kv.put(`${run}.${i}`, { n: i, by: filler }),
+        Array.from({ length: count }, (_, i) => i + 2),
+        (i) => others(kv, `${run}.${i}`, i),
         { concurrency: 16 },
       )
       expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
         Option.some({ n: 1, by: "early" }),
       )
       expect(yield* reads()).toBe(1)
+      return { run, follower, reads }
+    })
+
+  it.scoped("follow: past the values it keeps, a wait reads the key instead of trusting them", () =>
+    Effect.gen(function* () {
+      // 80 values of about 1 KiB go past the 64 KiB kept.
+      const filler = "x".repeat(1024)
+      const { run, follower, reads } = yield* pushedOut(80, (kv, key, n) => kv.put(key, { n, by: filler }))
       // The newest are still kept: no read for them.
       expect(yield* follower.awaitValueUpTo(`${run}.81`, (v) => v.n === 81, 10_000)).toEqual(
         Option.some({ n: 81, by: filler }),
@@ -582,23 +593,8 @@ layer(layerAll())("Kv", (it) => {
   )
 
   it.scoped("follow: deletions count against what it keeps too, so they cannot grow it without bound", () =>
-    Effect.gen(function* () {
-      const kv = yield* actors
-      const run = uniqueName("r")
-      const { reads } = yield* countReads(kv.bucket, run)
-      const follower = yield* following(kv, `${run}.*`)
-      yield* kv.put(`${run}.1`, { n: 1, by: "early" })
-      // About 90 bytes each: some 1,100 push the key's write out of the 64 KiB.
-      yield* Effect.forEach(
-        Array.from({ length: 1_100 }, (_, i) => i + 2),
-        (i) => kv.delete(`${run}.${i}`),
-        { concurrency: 32 },
-      )
-      expect(yield* follower.awaitValueUpTo(`${run}.1`, (v) => v.n === 1, 10_000)).toEqual(
-        Option.some({ n: 1, by: "early" }),
-      )
-      expect(yield* reads()).toBe(1)
-    }),
+    // About 90 bytes each: some 1,100 go past the 64 KiB.
+    Effect.asVoid(pushedOut(1_100, (kv, key) => kv.delete(key))),
   )
 
   it.effect("follow keeps a copy of each value, not a view of the socket's read buffer it came in", () =>
