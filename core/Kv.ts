@@ -179,6 +179,9 @@ export interface KvFollower<A> {
 
 const CONFLICT_CODES = new Set([10071, 10164])
 
+/** Whether a stored message's `KV-Operation` header marks a deletion (the key then holds no value). */
+const deletes = (operation: string | undefined): boolean => operation === "DEL" || operation === "PURGE"
+
 /**
  * Where a bucket's stream republishes each write once stored (`core/Storage.ts`), key appended.
  * A write is routed to subscribers of its own subject before the stream stores it, and even when
@@ -307,9 +310,8 @@ export const followWrites = (
       bytes -= sizeOf(key, before)
       latest.delete(key)
     }
-    const op = msg.headers?.get("KV-Operation")
     // `new Uint8Array`, not `slice`: the data may be a Buffer, whose `slice` is a view.
-    const value = op === "DEL" || op === "PURGE" ? null : new Uint8Array(msg.data)
+    const value = deletes(msg.headers?.get("KV-Operation")) ? null : new Uint8Array(msg.data)
     latest.set(key, value)
     bytes += sizeOf(key, value)
     for (const [oldest, kept] of latest) {
@@ -590,7 +592,7 @@ const build = <A, I>(
       const operation = /^KV-Operation:\s*(\S+)/im.exec(
         message.hdrs === undefined ? "" : Buffer.from(message.hdrs, "base64").toString("utf8"),
       )?.[1]
-      if (operation === "DEL" || operation === "PURGE") return Effect.succeed(Option.none())
+      if (deletes(operation)) return Effect.succeed(Option.none())
       const data = message.data === undefined ? empty : new Uint8Array(Buffer.from(message.data, "base64"))
       return Either.match(decode(key, data), {
         onLeft: Effect.fail,
@@ -639,8 +641,7 @@ const build = <A, I>(
               }),
             )
           }
-          const operation = h.get("KV-Operation")
-          if (operation === "DEL" || operation === "PURGE") return Effect.succeed(Option.none())
+          if (deletes(h.get("KV-Operation"))) return Effect.succeed(Option.none())
           const revision = Number(h.get("Nats-Sequence"))
           return Either.match(decode(key, msg.data), {
             onLeft: Effect.fail,
@@ -714,16 +715,14 @@ const build = <A, I>(
                 ),
             )
             for (const f of found)
-              if (f !== undefined && f.op !== "DEL" && f.op !== "PURGE")
-                out.push(f.subject.slice(subjectPrefix.length))
+              if (f !== undefined && !deletes(f.op)) out.push(f.subject.slice(subjectPrefix.length))
           }
           return out.sort()
         }
         for (let i = 0; i < subjects.length; i += KEYS_BATCH) {
           const batch = subjects.slice(i, i + KEYS_BATCH)
           for await (const m of await jsm.direct.getLastMessagesFor(streamName, { multi_last: batch })) {
-            const op = m.header?.get("KV-Operation")
-            if (op !== "DEL" && op !== "PURGE") out.push(m.subject.slice(subjectPrefix.length))
+            if (!deletes(m.header?.get("KV-Operation"))) out.push(m.subject.slice(subjectPrefix.length))
           }
         }
         return out.sort()
@@ -835,8 +834,7 @@ const build = <A, I>(
       })
     // A republished write's value; none for a deletion.
     const writtenValue = (key: string, msg: Msg): Effect.Effect<Option.Option<A>, KvValueInvalid> => {
-      const op = msg.headers?.get("KV-Operation")
-      return op === "DEL" || op === "PURGE"
+      return deletes(msg.headers?.get("KV-Operation"))
         ? Effect.succeedNone
         : Effect.map(decode(key, msg.data), Option.some)
     }
