@@ -5,8 +5,9 @@
  * (Linux namespaces and cgroups) and, later, `qemu`.
  */
 
-import { chmodSync, mkdirSync, readdirSync, renameSync, writeFileSync } from "node:fs"
-import { readdir, readFile } from "node:fs/promises"
+import { createHash } from "node:crypto"
+import { chmodSync, existsSync, mkdirSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs"
+import { readdir, readFile, rm } from "node:fs/promises"
 import { join } from "node:path"
 import type { Scope } from "effect"
 import { Context, Data, Effect, Option } from "effect"
@@ -175,6 +176,10 @@ const writeKept = async (dir: string, kept: Kept) => {
 /**
  * Makes machine `id`'s folder in `machinesDir` with `mode`, naming `owner`; or takes the one a
  * `claim` of the same owner made, which holds nothing else yet. Fails `EEXIST` when the id is in use.
+ *
+ * A folder with an owner appears whole: it is made and its owner written under a name of its own
+ * (`makingName`), then renamed into place. A host agent killed midway leaves only that name, which
+ * `ownedIn` removes for its owner; a folder naming no owner would be no one's to remove.
  */
 export const machineFolder = async (
   machinesDir: string,
@@ -185,19 +190,46 @@ export const machineFolder = async (
   if (!MACHINE_ID.test(id)) throw new Error(`machine id must match ${MACHINE_ID}`)
   const dir = join(machinesDir, id)
   mkdirSync(machinesDir, { recursive: true })
-  try {
+  if (owner === undefined) {
     mkdirSync(dir, { mode })
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== "EEXIST" || owner === undefined) throw e
-    const named = readText(join(dir, OWNER_FILE))
-    const entries = readdirSync(dir)
-    if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE)) throw e
-    chmodSync(dir, mode)
     return dir
   }
-  await writeOwner(dir, owner)
+  const making = join(machinesDir, makingName(id, owner))
+  rmSync(making, { recursive: true, force: true })
+  mkdirSync(making, { mode })
+  let placed = false
+  try {
+    writeFileSync(join(making, OWNER_FILE), owner)
+    // A rename onto an empty folder replaces it: one that exists is in use, empty or not.
+    if (!existsSync(dir)) {
+      renameSync(making, dir)
+      placed = true
+    }
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code
+    if (code !== "EEXIST" && code !== "ENOTEMPTY") throw e
+  } finally {
+    if (!placed) rmSync(making, { recursive: true, force: true })
+  }
+  if (placed) return dir
+  const named = readText(join(dir, OWNER_FILE))
+  const entries = readdirSync(dir)
+  if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE))
+    throw Object.assign(new Error(`EEXIST: machine folder ${dir} is in use`), { code: "EEXIST" })
+  chmodSync(dir, mode)
   return dir
 }
+
+/** What `machineFolder` names a folder it is making for `owner` (a dot first: never a machine id). */
+export const makingName = (id: string, owner: string) => `${halfMadeOf(id)}${ownerTag(owner)}`
+
+/** How the name of a folder made for machine `id`, and left half made, begins. */
+export const halfMadeOf = (id: string) => `${MAKING}${id}.`
+
+const MAKING = ".making."
+
+/** How a half-made folder's name ends for `owner` (which may hold any character). */
+const ownerTag = (owner: string) => createHash("sha256").update(owner).digest("hex").slice(0, 16)
 
 /** `claim` for drivers whose machines have a folder in `machinesDir` (see `machineFolder`). */
 export const claimIn =
@@ -242,16 +274,19 @@ export const adoptIn =
 /** The file in a machine's folder that names its owner. */
 const OWNER_FILE = "owner"
 
-/** Records `owner` in the machine folder `dir` (nothing when there is none). */
-export const writeOwner = async (dir: string, owner: string | undefined): Promise<void> => {
-  if (owner !== undefined) writeFileSync(join(dir, OWNER_FILE), owner)
-}
-
-/** The machines in `machinesDir` whose folder names `owner`. */
+/**
+ * The machines in `machinesDir` whose folder names `owner`. The folders a life of `owner` left half
+ * made (`machineFolder`) are removed on the way: nothing was made in them.
+ */
 export const ownedIn = (machinesDir: string, owner: string): Effect.Effect<ReadonlyArray<string>> =>
   Effect.promise(async () => {
     const found: Array<string> = []
+    const halfMade = `.${ownerTag(owner)}`
     for (const id of await readdir(machinesDir).catch(() => [] as Array<string>)) {
+      if (id.startsWith(MAKING) && id.endsWith(halfMade)) {
+        await rm(join(machinesDir, id), { recursive: true, force: true })
+        continue
+      }
       const named = await readFile(join(machinesDir, id, OWNER_FILE), "utf8").catch(() => undefined)
       if (named === owner) found.push(id)
     }

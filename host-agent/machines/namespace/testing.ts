@@ -4,7 +4,7 @@ import { randomBytes } from "node:crypto"
 import { readdir, readFile, stat } from "node:fs/promises"
 import { join } from "node:path"
 import * as Policy from "../../network/Policy.ts"
-import { newKeyPair } from "../MachineDriver.ts"
+import { halfMadeOf, newKeyPair } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
 import { NamespaceDriverSettings } from "./NamespaceDriver.ts"
@@ -45,6 +45,8 @@ export const leftovers = async (
   // What the folder still holds tells a claim (owner, kept.json) from a machine half removed.
   if (await exists(dir))
     found.push(`folder ${dir} (${(await readdir(dir).catch(() => [] as Array<string>)).join(", ")})`)
+  for (const f of await readdir(s.machinesDir).catch(() => [] as Array<string>))
+    if (f.startsWith(halfMadeOf(id))) found.push(`half-made folder ${f}`)
   for (const c of Cgroups.hierarchies(s.cgroupRoot)) {
     if (await exists(Cgroups.groupOf(s.cgroupRoot, c, id))) found.push(`cgroup ${c}/hangar/${id}`)
   }
