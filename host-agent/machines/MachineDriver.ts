@@ -194,24 +194,25 @@ export const machineFolder = async (
     mkdirSync(dir, { mode })
     return dir
   }
-  const making = join(machinesDir, makingName(id, owner))
-  rmSync(making, { recursive: true, force: true })
-  mkdirSync(making, { mode })
-  let placed = false
-  try {
-    writeFileSync(join(making, OWNER_FILE), owner)
-    // A rename onto an empty folder replaces it: one that exists is in use, empty or not.
-    if (!existsSync(dir)) {
+  // A rename onto an empty folder replaces it: one that exists is in use, empty or not.
+  if (!existsSync(dir)) {
+    const making = join(machinesDir, makingName(id, owner))
+    rmSync(making, { recursive: true, force: true })
+    mkdirSync(making, { mode })
+    let placed = false
+    try {
+      writeFileSync(join(making, OWNER_FILE), owner)
       renameSync(making, dir)
       placed = true
+      return dir
+    } catch (e) {
+      // Made meanwhile by another: in use, or a claim of the same owner (below).
+      const code = (e as NodeJS.ErrnoException).code
+      if (code !== "EEXIST" && code !== "ENOTEMPTY") throw e
+    } finally {
+      if (!placed) rmSync(making, { recursive: true, force: true })
     }
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code
-    if (code !== "EEXIST" && code !== "ENOTEMPTY") throw e
-  } finally {
-    if (!placed) rmSync(making, { recursive: true, force: true })
   }
-  if (placed) return dir
   const named = readText(join(dir, OWNER_FILE))
   const entries = readdirSync(dir)
   if (named !== owner || entries.some((f) => f !== OWNER_FILE && f !== KEPT_FILE))
