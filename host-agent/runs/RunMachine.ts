@@ -793,8 +793,13 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             Mailbox.send(Run, runId, { _tag: "Ready", at }, { msgId: `${runId}:ready` }),
           ),
         )
-        const openOutputs = ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
-        const [, outputs] = yield* both(sendReady, openOutputs)
+        // The commands do not wait for it (3–5 ms on a busy host): what a later life needs was
+        // kept above, and the run actor learns of their ends from their records. `send` fails
+        // nothing; the message goes on a fiber of the life's. It is published long before a
+        // command can end; should a store outage delay it past a `finish`, the run actor takes a
+        // `Ready` of an ended run as nothing.
+        yield* Effect.fork(sendReady)
+        const outputs = yield* ObjectStore.make(names.objects.outputs.name).pipe(whileStoreAway)
         if (kept === undefined) yield* log.append("ready")
 
         // Commands.
