@@ -1,9 +1,10 @@
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Chunk, Clock, Deferred, Effect, Either, Fiber, Option, Schema, Stream } from "effect"
-import { layerAll } from "../test/harness/NatsServer.ts"
+import { Chunk, Clock, Context, Deferred, Effect, Either, Fiber, Layer, Option, Schema, Stream } from "effect"
+import { layerAll, NatsServer } from "../test/harness/NatsServer.ts"
 import { uniqueName } from "../test/harness/names.ts"
+import { tcpProxy } from "../test/harness/TcpProxy.ts"
 import * as Kv from "./Kv.ts"
-import { attempt, Nats } from "./Nats.ts"
+import { attempt, layerUrl, Nats } from "./Nats.ts"
 import { kvStreamConfig, Storage } from "./Storage.ts"
 
 const Counter = Schema.Struct({ n: Schema.Number, by: Schema.String })
@@ -650,6 +651,48 @@ layer(layerAll())("Kv", (it) => {
       yield* kv.put(`${run}.1`, { n: 2, by: "b" })
       expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 2, by: "b" }))
     }),
+  )
+
+  it.scoped(
+    "follow: a write made while the connection was away reaches a wait under way once it is back",
+    () =>
+      Effect.gen(function* () {
+        const kv = yield* actors
+        const server = yield* NatsServer
+        const proxy = yield* Effect.acquireRelease(
+          Effect.promise(() => tcpProxy(server.port)),
+          (p) => Effect.promise(() => p.close()),
+        )
+        // The follower's own connection, through a proxy the test cuts.
+        const away = yield* Layer.build(layerUrl(proxy.url, "hangar-test-away"))
+        const awayNats = Context.get(away, Nats)
+        const awayKv = yield* Kv.make(kv.bucket, Counter).pipe(Effect.provide(away))
+        const follower = yield* Effect.acquireRelease(awayKv.follow("w.*"), (f) =>
+          Effect.sync(() => f.close()),
+        )
+        const key = `w.${uniqueName("k")}`
+        const { reads } = yield* countReads(kv.bucket, "w")
+        yield* kv.put(key, { n: 1, by: "a" })
+        // Its republished write has come (sent before the answer to the flush).
+        yield* attempt("flush", () => awayNats.connection.flush())
+        // Waiting for the next write (far past the test's own time limit), having taken the kept one.
+        const waiting = yield* Effect.fork(follower.awaitValueUpTo(key, (v) => v.n === 2, 10 * 60_000))
+        yield* Effect.yieldNow().pipe(
+          Effect.zipRight(Fiber.status(waiting)),
+          Effect.repeat({ until: (s) => s._tag === "Suspended" }),
+        )
+        expect(yield* reads()).toBe(0)
+        const pause = Effect.promise(() => new Promise((r) => setTimeout(r, 10)))
+        proxy.cut()
+        yield* pause.pipe(Effect.repeat({ until: () => !awayNats.reachable() }))
+        // Stored while the follower's connection is away: its republished write never comes to it.
+        yield* kv.put(key, { n: 2, by: "b" })
+        proxy.mend()
+        expect(yield* Fiber.join(waiting)).toEqual(Option.some({ n: 2, by: "b" }))
+        // Read once, when the connection came back.
+        expect(yield* reads()).toBe(1)
+        expect(awayNats.reachable()).toBe(true)
+      }),
   )
 
   it.scoped("follow: closing it unsubscribes and ends the waits under way, and fails those after", () =>

@@ -242,10 +242,11 @@ const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable
 /** The writes of one key (of every key followed), from when it was asked for, queued until taken. */
 interface WritesQueue {
   /**
-   * The next write not taken yet, waiting up to `deadline` (epoch ms); undefined once past it.
-   * Fails once the subscription has ended.
+   * The next write not taken yet, waiting up to `deadline` (epoch ms); undefined once past it;
+   * `MISSED` (a key's queue only) where the connection came back after it went away. Fails once
+   * the subscription has ended.
    */
-  readonly next: (deadline: number) => Effect.Effect<Msg | undefined, NatsError>
+  readonly next: (deadline: number) => Effect.Effect<Msg | typeof MISSED | undefined, NatsError>
   /** Stops queueing. */
   readonly close: () => void
 }
@@ -271,9 +272,12 @@ const WRITES_QUEUED = 256
 const FOLLOWED_BYTES = 64 * 1024
 
 interface Queued {
-  readonly msgs: Array<Msg>
+  readonly msgs: Array<Msg | typeof MISSED>
   wake: (() => void) | undefined
 }
+
+/** In a key's queue: the connection came back after it went away, and writes of the key made meanwhile did not come. */
+const MISSED: unique symbol = Symbol("writes missed")
 
 /**
  * Subscribes to the stored writes of keys matching `filter` (republished under `prefix`), keeping
@@ -281,7 +285,7 @@ interface Queued {
  * `Kv.follow`, `awaitValue` or `writesEach`.
  */
 export const followWrites = (
-  nats: Pick<NatsClients, "connection" | "changes">,
+  nats: Pick<NatsClients, "connection" | "changes" | "onReconnect">,
   prefix: string,
   filter: string,
   bucket: string,
@@ -321,7 +325,7 @@ export const followWrites = (
     }
   }
   const queues = new Map<string | undefined, Set<Queued>>()
-  const deliver = (to: Set<Queued> | undefined, msg: Msg) => {
+  const deliver = (to: Set<Queued> | undefined, msg: Msg | typeof MISSED) => {
     for (const q of to ?? []) {
       if (q.msgs.length >= WRITES_QUEUED) q.msgs.shift()
       q.msgs.push(msg)
@@ -338,8 +342,14 @@ export const followWrites = (
       deliver(queues.get(undefined), msg)
     },
   })
+  // A wait on a key reads it again (the queue of every key, `writesEach`'s, has a way back of its
+  // caller's: the host agent's command watch).
+  const stopListening = nats.onReconnect(() => {
+    for (const [key, set] of queues) if (key !== undefined) deliver(set, MISSED)
+  })
   void sub.closed.then(() => {
     ended = true
+    stopListening()
     for (const set of queues.values()) for (const q of set) q.wake?.()
   })
   const queue = (key: string | undefined): WritesQueue => {
@@ -351,7 +361,7 @@ export const followWrites = (
     }
     set.add(q)
     const next = (deadline: number) =>
-      Effect.async<Msg | undefined, NatsError>((resume) => {
+      Effect.async<Msg | typeof MISSED | undefined, NatsError>((resume) => {
         const ready = () => {
           const msg = q.msgs.shift()
           if (msg !== undefined) resume(Effect.succeed(msg))
@@ -392,7 +402,10 @@ export const followWrites = (
     },
     queue,
     open: () => !ended && !sub.isClosed(),
-    close: () => sub.unsubscribe(),
+    close: () => {
+      stopListening()
+      sub.unsubscribe()
+    },
   }
 }
 
@@ -809,23 +822,35 @@ const build = <A, I>(
           )
         const queue = writes.queue(key)
         return Effect.gen(function* () {
-          const seen = writes.latest(key)
           let read = 0
+          // The key as stored: its value when the test takes it; else the revision read, so that
+          // the queued writes it already shows are passed over.
+          const readNow = Effect.suspend(() =>
+            Effect.map(get(key), (now) => {
+              if (Option.isNone(now)) return Option.none<A>()
+              if (test(now.value.value)) return Option.some(now.value.value)
+              read = now.value.revision
+              return Option.none<A>()
+            }),
+          )
+          const seen = writes.latest(key)
           if (seen !== undefined) {
             if (seen !== null) {
               const value = yield* decode(key, seen)
               if (test(value)) return Option.some(value)
             }
           } else {
-            const now = yield* get(key)
-            if (Option.isSome(now)) {
-              if (test(now.value.value)) return Option.some(now.value.value)
-              read = now.value.revision
-            }
+            const now = yield* readNow
+            if (Option.isSome(now)) return now
           }
           for (;;) {
             const msg = yield* queue.next(deadline)
             if (msg === undefined) return Option.none()
+            if (msg === MISSED) {
+              const now = yield* readNow
+              if (Option.isSome(now)) return now
+              continue
+            }
             if (read > 0 && Number(msg.headers?.get("Nats-Sequence")) <= read) continue
             const value = yield* writtenValue(key, msg)
             if (Option.isSome(value) && test(value.value)) return value
@@ -873,7 +898,8 @@ const build = <A, I>(
           const queue = writes.queue(undefined)
           return Effect.gen(function* () {
             for (;;) {
-              const msg = (yield* queue.next(Number.POSITIVE_INFINITY)) as Msg
+              const msg = yield* queue.next(Number.POSITIVE_INFINITY)
+              if (msg === undefined || msg === MISSED) continue
               const key = msg.subject.slice(republished.length)
               const revision = Number(msg.headers?.get("Nats-Sequence"))
               if (options.skip?.(key, revision) === true) continue

@@ -127,6 +127,12 @@ export interface NatsClients {
    */
   readonly changes: () => number
   /**
+   * Calls `listener` each time the connection has come back after it went away (its core
+   * subscriptions are made again then, and missed what was published meanwhile); answers a
+   * function that stops calling it.
+   */
+  readonly onReconnect: (listener: () => void) => () => void
+  /**
    * Whether the store has been well for a while: reachable and answering, with no disconnect and no
    * unanswered request in the last 10 s. A request that failed otherwise failed for its own reasons;
    * one that failed in such a window most likely failed for the store's.
@@ -231,6 +237,7 @@ export const make = Effect.gen(function* () {
   let up = true
   let lastTrouble = 0
   let changes = 0
+  const reconnected = new Set<() => void>()
   void (async () => {
     for await (const s of connection.status()) {
       if (s.type === "disconnect" || s.type === "close") {
@@ -241,6 +248,7 @@ export const make = Effect.gen(function* () {
         up = true
         lastTrouble = Date.now()
         changes++
+        for (const listener of [...reconnected]) listener()
       }
     }
   })().catch(() => undefined)
@@ -271,6 +279,10 @@ export const make = Effect.gen(function* () {
     requests,
     reachable: () => up,
     changes: () => changes,
+    onReconnect: (listener) => {
+      reconnected.add(listener)
+      return () => reconnected.delete(listener)
+    },
     settled,
   } satisfies NatsClients
 })
