@@ -248,7 +248,11 @@ export const make = Effect.gen(function* () {
         up = true
         lastTrouble = Date.now()
         changes++
-        for (const listener of [...reconnected]) listener()
+        // One listener's throw neither stops the others nor this loop.
+        for (const listener of [...reconnected])
+          try {
+            listener()
+          } catch {}
       }
     }
   })().catch(() => undefined)

@@ -793,7 +793,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             Mailbox.send(Run, runId, { _tag: "Ready", at }, { msgId: `${runId}:ready` }),
           ),
         )
-        // The commands do not wait for it (3–5 ms on a busy host): what a later life needs was
+        // The commands do not wait for it (2–5 ms on a busy host): what a later life needs was
         // kept above, and the run actor learns of their ends from their records. `send` fails
         // nothing; the message goes on a fiber of the life's. It is published long before a
         // command can end; should a store outage delay it past a `finish`, the run actor takes a
