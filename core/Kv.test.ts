@@ -654,7 +654,7 @@ layer(layerAll())("Kv", (it) => {
   )
 
   it.scoped(
-    "follow: a write made while the connection was away reaches a wait under way once it is back",
+    "follow: a write made while the connection was away reaches a wait under way once it is back, whatever another reconnect listener does",
     () =>
       Effect.gen(function* () {
         const kv = yield* actors
@@ -666,6 +666,11 @@ layer(layerAll())("Kv", (it) => {
         // The follower's own connection, through a proxy the test cuts.
         const away = yield* Layer.build(layerUrl(proxy.url, "hangar-test-away"))
         const awayNats = Context.get(away, Nats)
+        // Another part of the process whose own listener fails: the follower's is still called.
+        const stopFailing = awayNats.onReconnect(() => {
+          throw new Error("a listener's own trouble")
+        })
+        yield* Effect.addFinalizer(() => Effect.sync(stopFailing))
         const awayKv = yield* Kv.make(kv.bucket, Counter).pipe(Effect.provide(away))
         const follower = yield* Effect.acquireRelease(awayKv.follow("w.*"), (f) =>
           Effect.sync(() => f.close()),
