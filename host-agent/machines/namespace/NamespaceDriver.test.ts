@@ -83,12 +83,20 @@ describe("the host's cgroups favor dynamic changes", () => {
       expect((await m.bash("true")).exit_code).toBe(0)
     })
     const after = cgroup2Mounts()
+    // What a failure shows (it failed once beside other files making machines, cause unknown).
+    const seen = JSON.stringify({ before, after })
     // A host without cgroup2 has nothing to turn on; this one has its hybrid layout's `unified`.
-    expect(after.length).toBeGreaterThan(0)
-    expect(after.map((m) => m.point)).toEqual(before.map((m) => m.point))
-    expect(after.some((m) => m.superOptions.includes("favordynmods"))).toBe(true)
+    expect(after.length, seen).toBeGreaterThan(0)
+    expect(
+      after.map((m) => m.point),
+      seen,
+    ).toEqual(before.map((m) => m.point))
+    expect(
+      after.some((m) => m.superOptions.includes("favordynmods")),
+      seen,
+    ).toBe(true)
     for (const [i, m] of after.entries()) {
-      expect(m.options).toEqual(before[i]?.options)
+      expect(m.options, seen).toEqual(before[i]?.options)
       for (const o of before[i]?.superOptions ?? [])
         expect(m.superOptions.includes(o), `${m.point}: ${o}`).toBe(true)
     }
