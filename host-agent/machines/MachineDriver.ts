@@ -277,7 +277,8 @@ const OWNER_FILE = "owner"
 
 /**
  * The machines in `machinesDir` whose folder names `owner`. The folders a life of `owner` left half
- * made (`machineFolder`) are removed on the way: nothing was made in them.
+ * made (`machineFolder`) are removed on the way: nothing was made in them. So it is asked while
+ * `owner` makes no folder (a host agent's start, a test's end).
  */
 export const ownedIn = (machinesDir: string, owner: string): Effect.Effect<ReadonlyArray<string>> =>
   Effect.promise(async () => {
