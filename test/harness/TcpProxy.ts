@@ -5,7 +5,7 @@
  */
 import net from "node:net"
 
-/** The proxy: `url` reaches the target through it. */
+/** The proxy: `url` (`nats://`) reaches the target through it. */
 export interface TcpProxy {
   readonly url: string
   /** Closes every connection through it; new ones are closed as they come, until `mend`. */
@@ -15,8 +15,8 @@ export interface TcpProxy {
   readonly close: () => Promise<void>
 }
 
-/** Starts a proxy to loopback port `port` on a free loopback port; `scheme` begins its `url`. */
-export const tcpProxy = async (port: number, scheme = "nats"): Promise<TcpProxy> => {
+/** Starts a proxy to loopback port `port` (a NATS server's) on a free loopback port. */
+export const tcpProxy = async (port: number): Promise<TcpProxy> => {
   let down = false
   const sockets = new Set<net.Socket>()
   const server = net.createServer((client) => {
@@ -42,7 +42,7 @@ export const tcpProxy = async (port: number, scheme = "nats"): Promise<TcpProxy>
     sockets.clear()
   }
   return {
-    url: `${scheme}://127.0.0.1:${own}`,
+    url: `nats://127.0.0.1:${own}`,
     cut: () => {
       down = true
       dropAll()
