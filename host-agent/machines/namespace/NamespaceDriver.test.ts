@@ -6,6 +6,7 @@ import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
 import { connect } from "../../guest/GuestSession.ts"
+import * as Policy from "../../network/Policy.ts"
 import { mountsOf, normalNice, readText } from "../HostFiles.ts"
 import {
   BACKGROUND_WEIGHT,
@@ -17,6 +18,7 @@ import {
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
 import { cpusOf, endMachineThread, loopsOf, machineThreadPriority, make } from "./NamespaceDriver.ts"
+import * as Net from "./Net.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
 const driver = make(testDriverSettings)
@@ -148,6 +150,59 @@ describe("namespace driver", () => {
     // Idempotent: destroying again (and destroying a machine that never existed) succeeds.
     await Effect.runPromise(driver.destroy(s.id))
     await Effect.runPromise(driver.destroy(testId("never")))
+  })
+
+  it("removes a claim no machine took over without a network tool: it holds no network slot", async () => {
+    const id = testId("claimonly")
+    const table = Policy.PolicySettings.defaults.table
+    // A link and a netns of the id's names, made by hand: a network tool run for the id removes them.
+    await run("ip", ["link", "add", Net.hostIfOf(id), "type", "veth", "peer", "name", `z${Net.hostIfOf(id)}`])
+    await run("ip", ["netns", "add", Net.netnsOf(id)])
+    try {
+      await Effect.runPromise(driver.claim(id, "host-claim", "a run's claim"))
+      expect(Net.leased(testDriverSettings.runDir, id)).toBe(false)
+      await Effect.runPromise(driver.destroy(id))
+      const left = await leftovers(id)
+      expect(left).toEqual([`veth ${Net.hostIfOf(id)}`, `netns ${Net.netnsOf(id)}`])
+      expect(await run("nft", ["list", "table", "inet", table])).not.toContain(
+        Policy.chainOf(Net.hostIfOf(id)),
+      )
+    } finally {
+      await run("ip", ["link", "del", Net.hostIfOf(id)]).catch(() => undefined)
+      await run("ip", ["netns", "del", Net.netnsOf(id)]).catch(() => undefined)
+    }
+    expect(await leftovers(id)).toEqual([])
+  })
+
+  it("a destroy whose network rules would not go keeps the slot, and a destroy asked again removes them and gives it back", async () => {
+    const s = spec("stuckrules")
+    const table = Policy.PolicySettings.defaults.table
+    const chain = Policy.chainOf(Net.hostIfOf(s.id))
+    // A rule of another chain jumping to the machine's: nft refuses to delete a chain in use.
+    const blocker = `zz_${s.id.slice(-8)}`
+    try {
+      await Effect.runPromise(driver.create(s))
+      await run("nft", ["add", "chain", "inet", table, blocker])
+      await run("nft", ["add", "rule", "inet", table, blocker, "jump", chain])
+      const exit = await Effect.runPromiseExit(driver.destroy(s.id))
+      const error = Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none()
+      expect(Option.getOrThrow(error)).toMatchObject({
+        _tag: "MachineDestroyFailed",
+        detail: expect.stringContaining("network policy"),
+      })
+      // Its processes, disk and links are gone; its rules and its slot are not.
+      expect(await leftovers(s.id)).toEqual([
+        "network lease",
+        `nft chain ${chain}`,
+        `nft element "${Net.hostIfOf(s.id)}"`,
+      ])
+      await run("nft", ["delete", "chain", "inet", table, blocker])
+      await Effect.runPromise(driver.destroy(s.id))
+      expect(await leftovers(s.id)).toEqual([])
+    } finally {
+      await run("nft", ["delete", "chain", "inet", table, blocker]).catch(() => undefined)
+      await Effect.runPromise(driver.destroy(s.id))
+    }
   })
 
   it("a kept machine is adopted while it runs, with its note; not once its process died, nor one never kept", async () => {

@@ -270,8 +270,10 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
   const step = async (what: string, f: () => Promise<unknown>) => {
     try {
       await f()
+      return true
     } catch (e) {
       failed.push(`${what}: ${messageOf(e)}`)
+      return false
     }
   }
   // crun's own record of the container: with no process left, `crun delete` only removes this
@@ -298,9 +300,15 @@ const destroyNow = async (s: Settings, policy: Policy.PolicySettingsValue, id: s
     }
   })
   await step("cgroups", () => Cgroups.remove(s.cgroupRoot, id))
-  await step("network policy", () => Policy.detach(policy, Net.hostIfOf(id)))
-  await step("network", () => Net.down(id))
-  await step("network slot", () => Net.release(s.runDir, id))
+  // Only an id holding a network slot has a network (`Net.leased`); one without runs no tool here
+  // (a warm run's claim, removed as the run ends: its `nft` and `ip` took 40–60 ms). The slot goes
+  // back once the rules are gone (`Net.down` goes on past a missing part and never fails): after a
+  // destroy that failed there the id still holds it, and a destroy asked again detaches them.
+  if (Net.leased(s.runDir, id)) {
+    const detached = await step("network policy", () => Policy.detach(policy, Net.hostIfOf(id)))
+    await step("network", () => Net.down(id))
+    if (detached) await step("network slot", () => Net.release(s.runDir, id))
+  }
   await step("folder", () => fs.rm(dir, { recursive: true, force: true }))
   if (failed.length > 0) throw new Error(failed.join("; "))
 }

@@ -64,6 +64,14 @@ export const lease = async (runDir: string, pool: string, id: string): Promise<N
   throw new Error("no free network slot")
 }
 
+/**
+ * Whether machine `id` holds a slot. Only such an id may have a network: the slot is leased before
+ * any part of it is made, and the drivers give it back only once those parts are removed. An id
+ * without one (a claim no machine took over, a machine already removed) has none to take down.
+ */
+export const leased = (runDir: string, id: string): boolean =>
+  readText(join(runDir, "net", "by-id", id)) !== undefined
+
 /** Gives back the slot of machine `id`, if it holds one. */
 export const release = async (runDir: string, id: string): Promise<void> => {
   const byId = join(runDir, "net", "by-id", id)

@@ -180,8 +180,12 @@ const tapUp = async (policy: Policy.PolicySettingsValue, n: Net.NetLease): Promi
   await Policy.attach(policy, { iface: n.hostIf, guestAddress: n.guestAddress })
 }
 
-/** Removes what `tapUp` and the lease made; missing parts are fine. */
+/**
+ * Removes what `tapUp` and the lease made; missing parts are fine, and an id holding no slot has
+ * none (`Net.leased`). The slot goes back last, once the rest is gone.
+ */
 const tapDown = async (s: Settings, policy: Policy.PolicySettingsValue, id: string): Promise<void> => {
+  if (!Net.leased(s.runDir, id)) return
   await Policy.detach(policy, Net.hostIfOf(id))
   await Net.down(id)
   await Net.release(s.runDir, id)
