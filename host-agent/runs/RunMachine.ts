@@ -22,9 +22,9 @@
  *
  * A failure of the life tells the run actor (`Fail`) and leaves the machine for the `Stop` that
  * follows, so there is one way a machine goes away: `end`. It stops the life, cancels the commands
- * still running (their records end `cancelled`), writes the last log part, closes the guest
- * session, destroys the machine, gives its capacity back and tells the scheduler `Freed`. `end`
- * runs once; later calls wait for it.
+ * still running (their records end `cancelled`), writes the last log part while it closes the
+ * guest session and destroys the machine, then gives its capacity back and tells the scheduler
+ * `Freed`. `end` runs once; later calls wait for it.
  *
  * Once ready (setup done), the machine is kept for a later life of this host agent
  * (`MachineDriver.keep`): a host agent killed outright and started again takes it over (`start`
@@ -1160,8 +1160,9 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
           "end",
           failure === undefined ? {} : { failure: failure.failure, detail: failure.detail },
         )
-        yield* log.end
-        yield* ScopeOps.close(scope, Exit.void)
+        // The last part is stored while the machine goes (neither needs the other): its removal
+        // began 11–20 ms later when it waited for the store's answers.
+        yield* both(log.end, ScopeOps.close(scope, Exit.void))
         yield* capacity.release(runId)
         yield* send(
           "the scheduler the machine is gone",
