@@ -18,11 +18,14 @@
  * process it also prints the server's CPU per run while runs go one after another, beside the wall
  * time a run took: a start there waits mostly for the one thread's other work; and the same split
  * by the caller's steps (the start up to its first result, the finish's answer, the run seen
- * ended). Prints figures; asserts nothing.
+ * ended), with the time the process's main thread waited for a CPU in each; and where the host's
+ * cores went per run one after another (the main thread, the process's other threads, nats-server,
+ * the host tools, the caller, the rest, idle). Prints figures; asserts nothing.
  *
  *   node --import tsx bench/runs.ts [runs=50] [commands=200] [blocks=8] [topologies=one,roles,warm]
  */
 import { fork } from "node:child_process"
+import { readdirSync, readFileSync } from "node:fs"
 import { readFile, writeFile } from "node:fs/promises"
 import { Session } from "node:inspector/promises"
 import { join } from "node:path"
@@ -111,6 +114,81 @@ const bareMachine = async (): Promise<Bare> => {
   }
 }
 
+/** Linux's clock tick for `/proc` CPU times (`USER_HZ`). */
+const TICK_MS = 10
+
+/**
+ * Where the host's CPU has gone so far, in ms: this process's main thread on a CPU and waiting
+ * for one (`/proc/thread-self/schedstat`, read on the main thread), the whole process, each child
+ * process by its name with the children it waited for (nats-server; `perl`, the tool runner with
+ * its tools; `node`, the caller), and the host's busy and idle time. Clock-tick counts: summed over
+ * many runs before they are divided.
+ */
+interface Cores {
+  readonly at: number
+  readonly mainOn: number
+  readonly mainWaiting: number
+  readonly process: number
+  readonly children: ReadonlyMap<string, number>
+  readonly busy: number
+  readonly idle: number
+}
+
+const ticksOf = (stat: string) => {
+  const f = stat
+    .slice(stat.lastIndexOf(")") + 2)
+    .split(" ")
+    .map(Number)
+  // utime, stime, cutime, cstime (fields 14–17 of proc(5)).
+  return ((f[11] ?? 0) + (f[12] ?? 0) + (f[13] ?? 0) + (f[14] ?? 0)) * TICK_MS
+}
+
+const cores = (): Cores => {
+  const [on = 0, waiting = 0] = readFileSync("/proc/thread-self/schedstat", "utf8").split(" ").map(Number)
+  const used = process.cpuUsage()
+  const children = new Map<string, number>()
+  for (const task of readdirSync(`/proc/${process.pid}/task`)) {
+    const pids = readFileSync(`/proc/${process.pid}/task/${task}/children`, "utf8").trim().split(" ")
+    for (const pid of pids.filter((p) => p !== "")) {
+      try {
+        const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+        const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"))
+        children.set(name, (children.get(name) ?? 0) + ticksOf(stat))
+      } catch {
+        // ended meanwhile
+      }
+    }
+  }
+  const [user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0] = readFileSync(
+    "/proc/stat",
+    "utf8",
+  )
+    .split("\n")[0]!
+    .split(/\s+/)
+    .slice(1)
+    .map(Number)
+  return {
+    at: performance.now(),
+    mainOn: on / 1e6,
+    mainWaiting: waiting / 1e6,
+    process: (used.user + used.system) / 1000,
+    children,
+    busy: (user + nice + system + irq + softirq) * TICK_MS,
+    idle: (idle + iowait) * TICK_MS,
+  }
+}
+
+/** What the host's cores did between two `cores()`, per run, as a line of the bench's output. */
+const coresLine = (from: Cores, to: Cores, n: number) => {
+  const d = (f: (c: Cores) => number) => (f(to) - f(from)) / n
+  const child = (name: string) => ((to.children.get(name) ?? 0) - (from.children.get(name) ?? 0)) / n
+  const [main, nats, tools, caller] = [d((c) => c.mainOn), child("nats-server"), child("perl"), child("node")]
+  const others = d((c) => c.process) - main
+  const rest = d((c) => c.busy) - d((c) => c.process) - nats - tools - caller
+  const f = (x: number) => x.toFixed(0)
+  return `  the host's cores per run one after another (${f(d((c) => c.at))} ms of wall time): this process's main thread ${f(main)} ms on a CPU and ${f(d((c) => c.mainWaiting))} ms waiting for one; its other threads ${f(others)} ms; nats-server ${f(nats)} ms; host tools ${f(tools)} ms; the caller ${f(caller)} ms; the rest (machines, kernel) ${f(rest)} ms; idle ${f(d((c) => c.idle))} ms`
+}
+
 interface Figures {
   readonly first: Array<number>
   /** As `first`, with a run started every `pacedMs`. */
@@ -135,7 +213,15 @@ interface Figures {
    * (its start, first result and finish, its machine's removal, the pool's refill), how near one
    * thread's whole time a run takes.
    */
-  readonly perStep: ReadonlyArray<{ readonly step: string; readonly cpuMs: number; readonly wallMs: number }>
+  readonly perStep: ReadonlyArray<{
+    readonly step: string
+    readonly cpuMs: number
+    readonly wallMs: number
+    /** The main thread's time waiting for a CPU. */
+    readonly waitingMs: number
+  }>
+  /** Where the host's CPU went over the runs one after another (`coresLine`), in one process. */
+  readonly cores: string | undefined
 }
 
 /**
@@ -157,8 +243,12 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     // This process's CPU is the server's only when the roles run here; counted inside the blocks.
     let cpu0 = process.cpuUsage()
     // CPU and wall time up to each step of the runs one after another, from the step before.
-    const steps = new Map<string, { cpuUs: number; wallMs: number; n: number }>()
-    let lastStep: { readonly cpu: NodeJS.CpuUsage; readonly at: number } | undefined
+    const steps = new Map<string, { cpuUs: number; wallMs: number; waitingMs: number; n: number }>()
+    let lastStep: { readonly cpu: NodeJS.CpuUsage; readonly at: number; readonly cores: Cores } | undefined
+    // The host's CPU from the first run one after another to the paced phase.
+    let coresFrom: Cores | undefined
+    let coresOf: string | undefined
+    let oneAfterAnother = 0
     let cpuUs = 0
     let cpuOneUs = 0
     child.on("message", (raw) => {
@@ -175,17 +265,20 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         rtt?: Array<number>
       }
       if (m.step !== undefined && !stack.processes) {
-        const [cpu, at] = [process.cpuUsage(), performance.now()]
+        const [cpu, at, now] = [process.cpuUsage(), performance.now(), cores()]
+        coresFrom ??= now
+        if (m.step === "ended") oneAfterAnother++
         if (lastStep !== undefined && m.step !== "start") {
           const used = process.cpuUsage(lastStep.cpu)
-          const s = steps.get(m.step) ?? { cpuUs: 0, wallMs: 0, n: 0 }
+          const s = steps.get(m.step) ?? { cpuUs: 0, wallMs: 0, waitingMs: 0, n: 0 }
           steps.set(m.step, {
             cpuUs: s.cpuUs + used.user + used.system,
             wallMs: s.wallMs + at - lastStep.at,
+            waitingMs: s.waitingMs + now.mainWaiting - lastStep.cores.mainWaiting,
             n: s.n + 1,
           })
         }
-        lastStep = { cpu, at }
+        lastStep = { cpu, at, cores: now }
       }
       if (m.started !== undefined) {
         stack.runs.add(m.started)
@@ -195,6 +288,9 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       }
       if (m.phase === "paced") {
         firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
+        // Up to the last run seen ended (the paced phase begins right after it).
+        if (coresFrom !== undefined && lastStep !== undefined && oneAfterAnother > 0)
+          coresOf = coresLine(coresFrom, lastStep.cores, oneAfterAnother)
         if (profiling && !stack.processes) void profiling.post("Profiler.stop").then(keepProfile("runs"))
       }
       if (m.block === "start") {
@@ -237,7 +333,9 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
             step,
             cpuMs: s.cpuUs / 1000 / s.n,
             wallMs: s.wallMs / s.n,
+            waitingMs: s.waitingMs / s.n,
           })),
+          cores: coresOf,
         })
     })
     child.on("exit", (code) => reject(new Error(`the client exited with ${code}`)))
@@ -324,7 +422,7 @@ const main = async () => {
     const paced = await bare.paced(Math.min(commands, 50))
     for (const [
       name,
-      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perStep },
+      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perStep, cores: coresOf },
     ] of topologies) {
       console.log(`${name}:`)
       console.log(
@@ -355,8 +453,9 @@ const main = async () => {
           `  server CPU per run, one after another (start, first result, finish, its machine's removal, the pool's refill): ${ms(sum((s) => s.cpuMs))} in ${ms(sum((s) => s.wallMs))} of wall time`,
         )
         console.log(
-          `  the same by the caller's steps: ${oneAfterAnother.map((s) => `${named[s.step]} ${ms(s.cpuMs)} in ${ms(s.wallMs)}`).join("; ")}`,
+          `  the same by the caller's steps: ${oneAfterAnother.map((s) => `${named[s.step]} ${ms(s.cpuMs)} in ${ms(s.wallMs)} (the main thread waiting for a CPU ${ms(s.waitingMs)})`).join("; ")}`,
         )
+        if (coresOf !== undefined) console.log(coresOf)
       }
       const pacedStart = perStep.find((s) => s.step === "paced first")
       console.log(
