@@ -32,6 +32,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { root } from "../deploy/tools.mjs"
 import { testGuest } from "../host-agent/guest/testing.ts"
+import { readText } from "../host-agent/machines/HostFiles.ts"
 import * as Cgroups from "../host-agent/machines/namespace/Cgroups.ts"
 import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { createAccount, publish, type Stack, startStack, type TestAccount } from "../test/harness/Stack.ts"
@@ -147,16 +148,14 @@ const cores = (): Cores => {
   const [on = 0, waiting = 0] = readFileSync("/proc/thread-self/schedstat", "utf8").split(" ").map(Number)
   const used = process.cpuUsage()
   const children = new Map<string, number>()
+  // A thread or a child that ended meanwhile is left out.
   for (const task of readdirSync(`/proc/${process.pid}/task`)) {
-    const pids = readFileSync(`/proc/${process.pid}/task/${task}/children`, "utf8").trim().split(" ")
+    const pids = (readText(`/proc/${process.pid}/task/${task}/children`) ?? "").trim().split(" ")
     for (const pid of pids.filter((p) => p !== "")) {
-      try {
-        const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-        const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"))
-        children.set(name, (children.get(name) ?? 0) + ticksOf(stat))
-      } catch {
-        // ended meanwhile
-      }
+      const stat = readText(`/proc/${pid}/stat`)
+      if (stat === undefined) continue
+      const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"))
+      children.set(name, (children.get(name) ?? 0) + ticksOf(stat))
     }
   }
   const [user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0] = readFileSync(
