@@ -145,7 +145,8 @@ const ticksOf = (stat: string) => {
 }
 
 const cores = (): Cores => {
-  const [on = 0, waiting = 0] = readFileSync("/proc/thread-self/schedstat", "utf8").split(" ").map(Number)
+  // A kernel without scheduler statistics shows no wait (0).
+  const [on = 0, waiting = 0] = (readText("/proc/thread-self/schedstat") ?? "").split(" ").map(Number)
   const used = process.cpuUsage()
   const children = new Map<string, number>()
   // A thread or a child that ended meanwhile is left out.
@@ -247,7 +248,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
     // The host's CPU from the first run one after another to the paced phase.
     let coresFrom: Cores | undefined
     let coresOf: string | undefined
-    let oneAfterAnother = 0
+    let runsSeenEnded = 0
     let cpuUs = 0
     let cpuOneUs = 0
     child.on("message", (raw) => {
@@ -266,7 +267,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       if (m.step !== undefined && !stack.processes) {
         const [cpu, at, now] = [process.cpuUsage(), performance.now(), cores()]
         coresFrom ??= now
-        if (m.step === "ended") oneAfterAnother++
+        if (m.step === "ended") runsSeenEnded++
         if (lastStep !== undefined && m.step !== "start") {
           const used = process.cpuUsage(lastStep.cpu)
           const s = steps.get(m.step) ?? { cpuUs: 0, wallMs: 0, waitingMs: 0, n: 0 }
@@ -288,8 +289,8 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
       if (m.phase === "paced") {
         firstLines = stack.lines.slice(linesFrom ?? 0).map((l) => l.line)
         // Up to the last run seen ended (the paced phase begins right after it).
-        if (coresFrom !== undefined && lastStep !== undefined && oneAfterAnother > 0)
-          coresOf = coresLine(coresFrom, lastStep.cores, oneAfterAnother)
+        if (coresFrom !== undefined && lastStep !== undefined && runsSeenEnded > 0)
+          coresOf = coresLine(coresFrom, lastStep.cores, runsSeenEnded)
         if (profiling && !stack.processes) void profiling.post("Profiler.stop").then(keepProfile("runs"))
       }
       if (m.block === "start") {
