@@ -15,12 +15,17 @@ export const readText = (path: string): string | undefined => {
   }
 }
 
+/**
+ * The fields of a `/proc/…/stat` text after the program's name, which may hold anything but ends at
+ * the last ")": the state (proc(5)'s 3rd field) is the first.
+ */
+export const statFields = (text: string): Array<string> => text.slice(text.lastIndexOf(")") + 2).split(" ")
+
 /** The nice value in a `/proc/…/stat` file (its 19th field), or none when it is not there. */
 export const niceIn = (stat: string): number | undefined => {
   const text = readText(stat)
   if (text === undefined) return undefined
-  // After the program's name, which may hold anything but ends at the last ")".
-  return Number(text.slice(text.lastIndexOf(")") + 2).split(" ")[16])
+  return Number(statFields(text)[16])
 }
 
 /**

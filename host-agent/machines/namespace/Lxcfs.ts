@@ -10,7 +10,7 @@ import { readdirSync, readFileSync, readlinkSync } from "node:fs"
 import { access, constants, mkdir, readFile } from "node:fs/promises"
 import { getPriority } from "node:os"
 import { join } from "node:path"
-import { mountsOf, normalNice } from "../HostFiles.ts"
+import { mountsOf, normalNice, statFields } from "../HostFiles.ts"
 import { run } from "./exec.ts"
 
 /** Where lxcfs is mounted (Debian's default). */
@@ -55,7 +55,7 @@ const knownServing = (mount: string, pidFile: string): boolean => {
     if (!(pid > 0)) return false
     // `<pid> (lxcfs) <state> …`: running, not a killed one not yet reaped (`Z`).
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-    const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+    const state = statFields(stat)[0]
     if (!stat.startsWith(`${pid} (lxcfs) `) || state === "Z" || state === "X") return false
     // A killed lxcfs is not a zombie at once: it still exits for a while after it let go of its
     // FUSE device, and the mount died then. Serving means holding the device.

@@ -46,9 +46,8 @@ const leaseOf = (pool: string, id: string, slot: number): NetLease => ({
  */
 export const lease = async (runDir: string, pool: string, id: string): Promise<NetLease> => {
   const slots = join(runDir, "net", "slot")
-  const byId = join(runDir, "net", "by-id")
   mkdirSync(slots, { recursive: true })
-  mkdirSync(byId, { recursive: true })
+  mkdirSync(join(runDir, "net", "by-id"), { recursive: true })
   const start = Math.floor(Math.random() * SLOTS)
   for (let i = 0; i < SLOTS; i++) {
     const slot = (start + i) % SLOTS
@@ -58,7 +57,7 @@ export const lease = async (runDir: string, pool: string, id: string): Promise<N
       if ((e as NodeJS.ErrnoException).code === "EEXIST") continue // another machine's
       throw e
     }
-    writeFileSync(join(byId, id), String(slot))
+    writeFileSync(slotFileOf(runDir, id), String(slot))
     return leaseOf(pool, id, slot)
   }
   throw new Error("no free network slot")
@@ -69,12 +68,14 @@ export const lease = async (runDir: string, pool: string, id: string): Promise<N
  * any part of it is made, and the drivers give it back only once those parts are removed. An id
  * without one (a claim no machine took over, a machine already removed) has none to take down.
  */
-export const leased = (runDir: string, id: string): boolean =>
-  readText(join(runDir, "net", "by-id", id)) !== undefined
+export const leased = (runDir: string, id: string): boolean => readText(slotFileOf(runDir, id)) !== undefined
+
+/** The file naming the slot machine `id` holds. */
+const slotFileOf = (runDir: string, id: string) => join(runDir, "net", "by-id", id)
 
 /** Gives back the slot of machine `id`, if it holds one. */
 export const release = async (runDir: string, id: string): Promise<void> => {
-  const byId = join(runDir, "net", "by-id", id)
+  const byId = slotFileOf(runDir, id)
   const slot = readText(byId)
   if (slot !== undefined) rmSync(join(runDir, "net", "slot", slot.trim()), { force: true })
   rmSync(byId, { force: true })

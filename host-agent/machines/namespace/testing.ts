@@ -54,7 +54,7 @@ export const leftovers = async (
   const links = await run("ip", ["-o", "link", "show"])
   if (links.includes(Net.hostIfOf(id))) found.push(`veth ${Net.hostIfOf(id)}`)
   if ((await run("ip", ["netns", "list"])).includes(Net.netnsOf(id))) found.push(`netns ${Net.netnsOf(id)}`)
-  if (await exists(join(s.runDir, "net", "by-id", id))) found.push("network lease")
+  if (Net.leased(s.runDir, id)) found.push("network lease")
   found.push(...(await Policy.traces(Policy.PolicySettings.defaults, Net.hostIfOf(id))))
   const loops = await run("losetup", ["-a"])
   if (loops.includes(dir)) found.push(`loop device: ${loops.trim()}`)
