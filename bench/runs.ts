@@ -28,12 +28,13 @@ import { fork } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 import { readFile, writeFile } from "node:fs/promises"
 import { Session } from "node:inspector/promises"
-import { join } from "node:path"
+import { basename, join } from "node:path"
 import { Effect } from "effect"
 import { root } from "../deploy/tools.mjs"
 import { testGuest } from "../host-agent/guest/testing.ts"
 import { readText, statFields } from "../host-agent/machines/HostFiles.ts"
 import * as Cgroups from "../host-agent/machines/namespace/Cgroups.ts"
+import { helperInterpreter } from "../host-agent/machines/namespace/exec.ts"
 import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { createAccount, publish, type Stack, startStack, type TestAccount } from "../test/harness/Stack.ts"
 
@@ -121,7 +122,7 @@ const TICK_MS = 10
 /**
  * Where the host's CPU has gone so far, in ms: this process's main thread on a CPU and waiting
  * for one (`/proc/thread-self/schedstat`, read on the main thread), the whole process, each child
- * process by its name with the children it waited for (nats-server; `perl`, the tool runner with
+ * process by its name with the children it waited for (nats-server; `python3`, the tool runner with
  * its tools; `node`, the caller), and the host's busy and idle time. Clock-tick counts: summed over
  * many runs before they are divided. A read costs the main thread about 0.2 ms, counted in the
  * server's CPU of the step it ends (four a run one after another).
@@ -180,7 +181,12 @@ const cores = (): Cores => {
 const coresLine = (from: Cores, to: Cores, n: number) => {
   const d = (f: (c: Cores) => number) => (f(to) - f(from)) / n
   const child = (name: string) => ((to.children.get(name) ?? 0) - (from.children.get(name) ?? 0)) / n
-  const [main, nats, tools, caller] = [d((c) => c.mainOn), child("nats-server"), child("perl"), child("node")]
+  const [main, nats, tools, caller] = [
+    d((c) => c.mainOn),
+    child("nats-server"),
+    child(basename(helperInterpreter[0])),
+    child("node"),
+  ]
   const others = d((c) => c.process) - main
   const rest = d((c) => c.busy) - d((c) => c.process) - nats - tools - caller
   const f = (x: number) => x.toFixed(0)

@@ -7,7 +7,7 @@ import { pathToFileURL } from "node:url"
  * An esbuild plugin: a bundled module's `import.meta.url` is its source file's, as under tsx, so
  * code that finds files beside its own (`core/DataDir.ts`: the repository's root, and so `.data/`)
  * finds the same ones from the bundle in `.tools/cli/`, and the machine thread's tools
- * (`exec-helper.pl`, `machine-root.pl`) are found beside their sources.
+ * (`exec-helper.py`, `machine-root.pl`) are found beside their sources.
  */
 export const sourceUrls = {
   name: "source-urls",

@@ -1,7 +1,8 @@
 /**
- * Host tools through the helper process (`exec.ts`, `exec-helper.pl`): output, input (more than
+ * Host tools through the helper process (`exec.ts`, `exec-helper.py`): output, input (more than
  * a pipe holds, and to a tool that reads none), failures with the tool's own message, a tool ended
- * by a signal, a helper that died (its calls fail, the next call starts another) or whose parent
+ * by a signal, a tool's signals at their defaults (none ignored or blocked) and a helper that a
+ * Ctrl-C leaves running, a helper that died (its calls fail, the next call starts another) or whose parent
  * went (it ends too), and `launch`, whose end is the tool's exit even when what it started holds
  * its log open; and a helper that is never told its tools ended (SIGCHLD lost) still answers.
  */
@@ -11,7 +12,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { frame, frames, helperPath, launch, run } from "./exec.ts"
+import { frame, frames, helperInterpreter, helperPath, launch, run } from "./exec.ts"
 
 let dir: string
 beforeAll(async () => {
@@ -60,7 +61,26 @@ describe("exec", () => {
   it("tools are forked from the helper, not from this process", async () => {
     const pid = await helperPid()
     expect(pid).not.toBe(process.pid)
-    expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.pl")
+    expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.py")
+  })
+
+  it("a tool starts with no signal ignored or blocked; the helper outlives a terminal's Ctrl-C", async () => {
+    // The standard signals (1–31) of the tool's masks; glibc's posix_spawn leaves its own two
+    // (32 and 33, for threads) ignored, and a program that uses them sets them itself.
+    const signals = async () =>
+      Object.fromEntries(
+        (await run("grep", ["^Sig\\(Ign\\|Blk\\)", "/proc/self/status"]))
+          .trim()
+          .split("\n")
+          .map((l) => l.split(":\t"))
+          .map(([name, hex]) => [name, BigInt(`0x${hex}`) & 0x7fffffffn]),
+      )
+    const none = { SigBlk: 0n, SigIgn: 0n }
+    expect(await signals()).toEqual(none)
+    const pid = await helperPid()
+    process.kill(pid, "SIGINT")
+    expect(await signals()).toEqual(none)
+    expect(await helperPid()).toBe(pid)
   })
 
   it("a helper that dies fails the calls it had, and the next call starts another", async () => {
@@ -113,15 +133,15 @@ describe("exec", () => {
   })
 
   it("answers tools whose end it was never signalled (a lost SIGCHLD)", async () => {
-    // Perl runs a signal's handler only after the call it came during, so a SIGCHLD that comes just
-    // before the helper waits is lost to it. Started with SIGCHLD blocked (the mask survives exec),
-    // the helper loses every one: it must still reap its tools and answer, in both modes.
+    // Started with SIGCHLD blocked (the mask survives exec), the helper is told of no tool's end:
+    // it must still reap its tools and answer, in both modes (it watches their pidfds).
     const helper = spawn(
       "perl",
       [
         "-MPOSIX",
         "-e",
-        'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGCHLD)) or die "sigprocmask: $!"; exec "perl", @ARGV',
+        'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGCHLD)) or die "sigprocmask: $!"; exec @ARGV',
+        ...helperInterpreter,
         helperPath,
       ],
       { stdio: ["pipe", "pipe", "inherit"] },
