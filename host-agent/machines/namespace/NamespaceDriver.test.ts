@@ -290,21 +290,43 @@ describe("namespace driver", () => {
     expect(await leftovers(s.id)).toEqual([])
   })
 
-  it("a container that does not start fails the create at its start, its network made meanwhile, and leaves nothing", async () => {
-    // crun as given, except that it refuses `start` (its network is set up while it starts).
+  it("a container that does not start fails the create at its container, its rules placed meanwhile, and leaves nothing", async () => {
+    // crun as given, except that it refuses `run` (the machine's rules are placed meanwhile).
     const dir = await mkdtemp(join(tmpdir(), "hangar-crun-"))
     const crun = join(dir, "crun")
     await writeFile(
       crun,
-      `#!/bin/sh\nfor a; do [ "$a" = start ] && { echo "refused to start" >&2; exit 1; }; done\nexec ${testDriverSettings.crun} "$@"\n`,
+      `#!/bin/sh\nfor a; do [ "$a" = run ] && { echo "refused to start" >&2; exit 1; }; done\nexec ${testDriverSettings.crun} "$@"\n`,
       { mode: 0o755 },
     )
     try {
       const s = spec("nostart")
       const exit = await Effect.runPromiseExit(make({ ...testDriverSettings, crun }).create(s))
       const failure = Exit.isFailure(exit) ? Option.getOrThrow(Cause.failureOption(exit.cause)) : undefined
-      expect(failure).toMatchObject({ _tag: "MachineCreateFailed", step: "start" })
+      expect(failure).toMatchObject({ _tag: "MachineCreateFailed", step: "container" })
       expect(failure?.detail).toContain("refused to start")
+      expect(await leftovers(s.id)).toEqual([])
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
+  })
+
+  it("a machine whose first program ends at once fails the create and leaves nothing", async () => {
+    // crun as given, except that the container runs `false` where sshd would start: it ends before
+    // or while its network is made.
+    const dir = await mkdtemp(join(tmpdir(), "hangar-crun-"))
+    const crun = join(dir, "crun")
+    await writeFile(
+      crun,
+      `#!/bin/sh\nsed -i 's#"/usr/sbin/sshd"#"/bin/false"#' config.json\nexec ${testDriverSettings.crun} "$@"\n`,
+      { mode: 0o755 },
+    )
+    try {
+      const s = spec("ends")
+      const exit = await Effect.runPromiseExit(make({ ...testDriverSettings, crun }).create(s))
+      const failure = Exit.isFailure(exit) ? Option.getOrThrow(Cause.failureOption(exit.cause)) : undefined
+      expect(failure).toMatchObject({ _tag: "MachineCreateFailed" })
+      expect(["network", "ready"]).toContain(failure?.step)
       expect(await leftovers(s.id)).toEqual([])
     } finally {
       await rm(dir, { recursive: true, force: true })

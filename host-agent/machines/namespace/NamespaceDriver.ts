@@ -125,9 +125,9 @@ export const NamespaceDriverSettings = defineSettings(
 )
 type Settings = typeof NamespaceDriverSettings.defaults
 
-// Makes the machine's container, stopped before its first program: in a private mount namespace,
-// `machine-root.pl` mounts its disk, the idmapped base and the root overlay, then becomes crun's
-// `create` (see there). The container keeps the mounts alive; the namespace ends with it.
+// Makes and starts the machine's container: in a private mount namespace, `machine-root.pl` mounts
+// its disk, the idmapped base and the root overlay, then becomes crun's `run --detach` (see there).
+// The container keeps the mounts alive; the namespace ends with it.
 const machineRoot = fileURLToPath(new URL("./machine-root.pl", import.meta.url))
 
 /** The host id of root in the machine on network slot `slot`. */
@@ -479,17 +479,13 @@ const createNow = async (
     // its own interfaces only); the veth goes into it while its first program, sshd, starts (it
     // binds the guest's address before eth0 has it: `ip_nonlocal_bind`, `Oci.ts`). Nothing reaches
     // the machine or leaves it before its interface is there, and the machine is handed out (and
-    // logged into) only once its network, shaping and rules are all in place.
-    const network = Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
-    const policed = network.then(() => rules).then(() => Policy.forward(policy, net.hostIf))
-    const started = run(s.crun, ["--root", crunRoot(s), "start", spec.id])
-    // Both ended before a failure is told (the cleanup must not race either), as its own step's.
-    const settled = await Promise.allSettled([network, policed, started])
-    const failed = settled.findIndex((r) => r.status === "rejected")
-    if (failed >= 0) {
-      step = ["network", "policy", "start"][failed] as string
-      throw (settled[failed] as PromiseRejectedResult).reason
-    }
+    // logged into) only once its network, shaping and rules are all in place. Until then sshd is
+    // all that runs in it: no tenant's program starts before the host agent's first login.
+    step = "network"
+    await Net.up(net, { pid, bytesPerSecond: limits.vcpus * s.networkBytesPerSecondPerVcpu })
+    step = "policy"
+    await rules
+    await Policy.forward(policy, net.hostIf)
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
