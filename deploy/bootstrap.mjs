@@ -277,7 +277,8 @@ const natsServer = () => {
 // Debian packages the host agent uses: crun (the OCI runtime), Podman's default seccomp profile
 // (golang-github-containers-common), lxcfs, perl (the machine-root helper, which makes a
 // machine's mounts; it needs only perl-base, which is essential on Debian, so it is never
-// missing), python3-minimal (the helper that starts host tools, through posix_spawn) and the
+// missing), python3 (the helper that starts host tools, through posix_spawn, and runs nft scripts
+// through libnftables with ctypes, which python3-minimal lacks) and the
 // namespace tools for namespace machines,
 // mmdebstrap to build bases, nftables for the machines' network policy, e2fsprogs for sized
 // machine disks, QEMU for the qemu driver. Installed from the system's own apt sources when
@@ -292,7 +293,7 @@ const DEBIAN_PACKAGES = [
   "nftables",
   "e2fsprogs",
   "iproute2",
-  "python3-minimal",
+  "python3",
   "openssh-client",
   "util-linux",
   "procps",

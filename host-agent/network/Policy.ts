@@ -31,7 +31,7 @@
  */
 import { writeFile } from "node:fs/promises"
 import { defineSettings, env } from "../../core/Config.ts"
-import { run } from "../machines/namespace/exec.ts"
+import { nft, run } from "../machines/namespace/exec.ts"
 
 /** How machine networks are policed and where the internet is. */
 export const PolicySettings = defineSettings(
@@ -232,7 +232,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 export const nftScript = async (script: string): Promise<void> => {
   for (let attempt = 1; ; attempt++) {
     try {
-      await run("nft", ["-f", "-"], { input: `${script}\n` })
+      await nft(`${script}\n`)
       return
     } catch (e) {
       if (attempt >= 4) throw e

@@ -1,7 +1,8 @@
 /**
  * Host tools through the helper process (`exec.ts`, `exec-helper.py`): output, input (more than
  * a pipe holds, and to a tool that reads none), failures with the tool's own message, a tool ended
- * by a signal, a tool's signals at their defaults (none ignored or blocked) and a helper that a
+ * by a signal, an nft script run in the helper (one transaction, nft's errors, others' changes
+ * seen), a tool's signals at their defaults (none ignored or blocked) and a helper that a
  * Ctrl-C leaves running, a helper that died (its calls fail, the next call starts another) or whose parent
  * went (it ends too), and `launch`, whose end is the tool's exit even when what it started holds
  * its log open; and a helper that is never told its tools ended (SIGCHLD lost) still answers.
@@ -12,7 +13,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { frame, frames, helperInterpreter, helperPath, launch, run } from "./exec.ts"
+import { frame, frames, helperInterpreter, helperPath, launch, nft, run } from "./exec.ts"
 
 let dir: string
 beforeAll(async () => {
@@ -62,6 +63,30 @@ describe("exec", () => {
     const pid = await helperPid()
     expect(pid).not.toBe(process.pid)
     expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.py")
+  })
+
+  it("runs an nft script in the helper as one transaction, failing as nft would, and sees other programs' changes", async () => {
+    const table = `hangar_exec_${process.pid}`
+    const listed = () => run("nft", ["list", "tables", "inet"])
+    try {
+      await nft(`add table inet ${table}\nadd chain inet ${table} one\n`)
+      expect(await run("nft", ["list", "chain", "inet", table, "one"])).toContain(`chain one {`)
+      // A script whose second command fails changes nothing: its first is not applied either.
+      await expect(
+        nft(`add chain inet ${table} two\nadd rule inet ${table} nosuchchain accept\n`),
+      ).rejects.toThrow(/^nft -f - exited 1: \S+:2:\d+-\d+: Error: .*\n.*nosuchchain/)
+      await expect(run("nft", ["list", "chain", "inet", table, "two"])).rejects.toThrow(
+        "No such file or directory",
+      )
+      // The table removed by another program: the helper's next script sees it gone.
+      await run("nft", ["delete", "table", "inet", table])
+      await expect(nft(`add chain inet ${table} three\n`)).rejects.toThrow(
+        /exited 1: \S+:1:\d+-\d+: Error: .*No such file or directory/,
+      )
+      expect(await listed()).not.toContain(table)
+    } finally {
+      await run("nft", ["delete", "table", "inet", table]).catch(() => undefined)
+    }
   })
 
   it("a tool starts with no signal ignored or blocked; the helper outlives a terminal's Ctrl-C", async () => {

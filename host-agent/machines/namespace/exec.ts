@@ -165,13 +165,26 @@ const call = (request: {
     child.stdin?.write(frame([id, request.log ?? "", request.input ?? "", env, request.cmd, ...request.args]))
   })
 
+/** A tool's output, or its failure named by `cmd` and `args` with its stderr. */
+const outcome = (cmd: string, args: ReadonlyArray<string>) => (a: Answer) => {
+  if (a.error !== undefined) throw new Error(`${cmd}: ${a.error}`)
+  if (a.code === 0) return a.stdout
+  throw new Error(`${cmd} ${args.join(" ")} exited ${a.code}: ${a.stderr.trim()}`)
+}
+
 /** Runs a host tool and collects its output; fails with the tool's stderr when it exits non-zero. */
 export const run = (cmd: string, args: ReadonlyArray<string>, options: { readonly input?: string } = {}) =>
-  call({ cmd, args, input: options.input ?? "" }).then((a) => {
-    if (a.error !== undefined) throw new Error(`${cmd}: ${a.error}`)
-    if (a.code === 0) return a.stdout
-    throw new Error(`${cmd} ${args.join(" ")} exited ${a.code}: ${a.stderr.trim()}`)
-  })
+  call({ cmd, args, input: options.input ?? "" }).then(outcome(cmd, args))
+
+/**
+ * Runs `script` as one nft transaction, as `nft -f -` does and failing as it would, but with no
+ * program started: the helper runs it through libnftables (0.2–0.9 ms, against ~11 ms of CPU for
+ * an `nft`).
+ */
+export const nft = (script: string): Promise<void> =>
+  call({ cmd: ":nft", args: [], input: script })
+    .then(outcome("nft", ["-f", "-"]))
+    .then(() => undefined)
 
 /**
  * Runs a tool with exactly `env`, its output appended to the file `log`; answers its exit code
