@@ -135,8 +135,9 @@ const exitOf = (ch: ClientChannel): Promise<ChannelExit> =>
 //
 // Only shell builtins run between sshd and the command's bash (each extra program costs ~1.5 ms of
 // an exec): `set -m` gives the command its own process group, and command cgroups are reused from
-// slots the session hands out (making and removing a memory cgroup costs ~3 ms), so the OOM count
-// is the difference of the slot's counter over the command.
+// slots the session hands out (making and removing a memory cgroup costs ~3 ms; a namespace
+// machine comes with slots 0 and 1 made, `Cgroups.make`), so the OOM count is the difference of
+// the slot's counter over the command.
 const WRAPPER = `set -u
 cg=/sys/fs/cgroup/memory/p$k
 [ -d "$cg" ] || mkdir "$cg" || exit 97

@@ -1,4 +1,4 @@
-import { readFileSync, writeFileSync } from "node:fs"
+import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -124,6 +124,15 @@ describe("namespace driver", () => {
     const machine = await Effect.runPromise(driver.create(s))
     expect(machine.ssh.port).toBe(22)
     expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
+    // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
+    // made them (the first command's wrapper starts no mkdir, and can move itself in).
+    const hostId = (machine.handle as { readonly hostId: number }).hostId
+    for (const k of [0, 1]) {
+      const group = join(Cgroups.guestGroupOf(testDriverSettings.cgroupRoot, s.id), `p${k}`)
+      const files = [group, ...readdirSync(group).map((f) => join(group, f))]
+      expect(files.length).toBeGreaterThan(10)
+      expect(new Set(files.map((f) => statSync(f).uid))).toEqual(new Set([hostId]))
+    }
     const out = await Effect.runPromise(
       Effect.scoped(
         Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
