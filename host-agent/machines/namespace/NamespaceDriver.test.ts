@@ -1,7 +1,9 @@
+import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { fileURLToPath } from "node:url"
 import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { type Base, ensureTestBase } from "../../bases/Bases.ts"
@@ -267,6 +269,13 @@ describe("namespace driver", () => {
     expect(Exit.isFailure(exit)).toBe(true)
     expect(String(exit)).toContain("GuestUnavailable")
     expect(await leftovers(s.id)).toEqual([])
+  })
+
+  it("its mount program compiles with perl's warnings on, and none", () => {
+    const program = fileURLToPath(new URL("./machine-root.pl", import.meta.url))
+    const checked = spawnSync("perl", ["-wc", program], { encoding: "utf8" })
+    expect(checked.status).toBe(0)
+    expect(checked.stderr).toBe(`${program} syntax OK\n`)
   })
 
   it("refuses a bad id and leaves nothing", async () => {

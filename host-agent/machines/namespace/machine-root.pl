@@ -23,10 +23,11 @@
 #
 # One program for all of it: a shell running mount, umount and a mount helper took seven programs'
 # starts of every machine's, and losetup one more. Perl, not Python: perl-base is on every Debian
-# and starts in ~2 ms.
+# and starts in ~2 ms. Only `strict` is loaded: `warnings` and `Errno` took 3 ms of CPU more on
+# every machine's start (an error is known by its number; a test compiles it with `perl -wc`).
 use strict;
-use warnings;
-use Errno ();
+
+my $EBUSY = 16;    # x86_64 and aarch64 alike
 
 # x86_64 and aarch64: open_tree, move_mount and mount_setattr are alike; the older calls are not.
 my ($SYS_OPEN_TREE, $SYS_MOVE_MOUNT, $SYS_MOUNT_SETATTR) = (428, 429, 442);
@@ -132,7 +133,7 @@ sub attach {
         my $config = pack "L L Q5 L3 L x64 x64 x32 Q2 x64", fileno $backing, 0, 0, 0, 0, 0, 0, 0, 0, 0,
           $LO_FLAGS_AUTOCLEAR, 0, 0;
         return ($loop, $dev) if ioctl($loop, $LOOP_CONFIGURE, $config);
-        fail("attach $dev: $!") unless $!{EBUSY};
+        fail("attach $dev: $!") unless $! + 0 == $EBUSY;
     }
     fail("no loop device stayed free");
 }
