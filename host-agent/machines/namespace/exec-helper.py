@@ -31,6 +31,22 @@ import signal
 # remove its machines as it shuts down, so this process ends only when its parent does.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 DEFAULTED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def keep_to_self():
+    """Marks every descriptor of this process but 0-2 close-on-exec, so a tool gets only what is put
+    on its 0, 1 and 2: not what this process was started with, nor libnftables' netlink socket
+    (opened without the flag; whoever held it could change the host's firewall as root)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the listing's own, closed by now
+
+
+keep_to_self()
 selector = selectors.DefaultSelector()
 tools = {}  # pid => the tool's state
 pending = b""
@@ -89,6 +105,7 @@ class Nft:
             raise OSError(errno.ENOMEM, "nft_ctx_new")
         lib.nft_ctx_buffer_output(self.ctx)
         lib.nft_ctx_buffer_error(self.ctx)
+        keep_to_self()
 
     def run(self, script):
         # Read as a file, as `nft -f` reads one: an error names the line it is on (a script given
@@ -99,6 +116,7 @@ class Nft:
             failed = self.lib.nft_run_cmd_from_filename(self.ctx, f"/dev/fd/{fd}".encode())
         finally:
             os.close(fd)
+            keep_to_self()  # a socket it opened meanwhile
         # Each read empties its buffer for the next script.
         self.lib.nft_ctx_get_output_buffer(self.ctx)
         return (1 if failed else 0), self.lib.nft_ctx_get_error_buffer(self.ctx) or b""

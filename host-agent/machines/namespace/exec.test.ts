@@ -89,6 +89,17 @@ describe("exec", () => {
     }
   })
 
+  it("a tool holds no descriptor of the helper's, its nft socket included: only its stdin, stdout and stderr", async () => {
+    // After a script, the helper holds libnftables' netlink socket (root's, able to change the
+    // host's firewall). Each descriptor the tool has, but its own listing's.
+    await nft("add table inet hangar_exec_fds\ndelete table inet hangar_exec_fds\n")
+    const held = (await run("ls", ["-l", "/proc/self/fd"])).split("\n").flatMap((l) => {
+      const [, fd, target] = / (\d+) -> (.*)$/.exec(l) ?? []
+      return fd === undefined || target?.startsWith("/proc/") ? [] : [Number(fd)]
+    })
+    expect(held.sort()).toEqual([0, 1, 2])
+  })
+
   it("a tool starts with no signal ignored or blocked; the helper outlives a terminal's Ctrl-C", async () => {
     // The standard signals (1–31) of the tool's masks; glibc's posix_spawn leaves its own two
     // (32 and 33, for threads) ignored, and a program that uses them sets them itself.
