@@ -59,6 +59,12 @@ describe("exec", () => {
     )
   })
 
+  it("an argument no program can be given (a NUL in it) fails its call, and the helper goes on", async () => {
+    const pid = await helperPid()
+    await expect(run("echo", ["a\0b"])).rejects.toThrow("echo: spawn echo embedded null byte")
+    expect(await helperPid()).toBe(pid)
+  })
+
   it("tools are forked from the helper, not from this process", async () => {
     const pid = await helperPid()
     expect(pid).not.toBe(process.pid)
