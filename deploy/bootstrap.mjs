@@ -278,9 +278,8 @@ const natsServer = () => {
 // (golang-github-containers-common), lxcfs, perl (the machine-root helper, which makes a
 // machine's mounts; it needs only perl-base, which is essential on Debian, so it is never
 // missing), python3 (the helper that starts host tools, through posix_spawn, and runs nft scripts
-// through libnftables with ctypes, which python3-minimal lacks) and the
-// namespace tools for namespace machines,
-// mmdebstrap to build bases, nftables for the machines' network policy, e2fsprogs for sized
+// through libnftables with ctypes, which python3-minimal lacks) and the namespace tools for
+// namespace machines, mmdebstrap to build bases, nftables for the machines' network policy, e2fsprogs for sized
 // machine disks, QEMU for the qemu driver. Installed from the system's own apt sources when
 // missing (root only; elsewhere the step says what to install and goes on).
 
