@@ -1,11 +1,13 @@
 /**
  * Host tools through the helper process (`exec.ts`, `exec-helper.py`): output, input (more than
  * a pipe holds, and to a tool that reads none), failures with the tool's own message, a tool ended
- * by a signal, an nft script run in the helper (one transaction, nft's errors, others' changes
- * seen), a tool's signals at their defaults (none ignored or blocked) and a helper that a
- * Ctrl-C leaves running, a helper that died (its calls fail, the next call starts another) or whose parent
- * went (it ends too), and `launch`, whose end is the tool's exit even when what it started holds
- * its log open; and a helper that is never told its tools ended (SIGCHLD lost) still answers.
+ * by a signal, an argument no program can take (its call fails, the helper goes on), an nft
+ * script run in the helper (one transaction, nft's errors, others' changes seen), a tool's
+ * descriptors (its stdio only, never the helper's nft socket) and signals (at their defaults), a
+ * helper that a Ctrl-C leaves running, a helper that died (its calls fail, the next call starts
+ * another) or whose parent went (it ends too), and `launch`, whose end is the tool's exit even when
+ * what it started holds its log open; and a helper that is never told its tools ended (SIGCHLD
+ * lost) still answers.
  */
 import { spawn, spawnSync } from "node:child_process"
 import { existsSync } from "node:fs"
@@ -65,7 +67,7 @@ describe("exec", () => {
     expect(await helperPid()).toBe(pid)
   })
 
-  it("tools are forked from the helper, not from this process", async () => {
+  it("tools are started by the helper, not by this process", async () => {
     const pid = await helperPid()
     expect(pid).not.toBe(process.pid)
     expect(await readFile(`/proc/${pid}/cmdline`, "utf8")).toContain("exec-helper.py")
