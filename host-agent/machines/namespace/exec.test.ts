@@ -86,6 +86,12 @@ describe("exec", () => {
       await expect(run("nft", ["list", "chain", "inet", table, "two"])).rejects.toThrow(
         "No such file or directory",
       )
+      // A set made by another program is in the helper's view of the ruleset: an element is read
+      // by the set's type from that view before anything is sent (a view kept from before the set
+      // would refuse it there, as `nft` refuses an element of a set not made yet).
+      await run("nft", ["add", "set", "inet", table, "theirs", "{ type ipv4_addr; }"])
+      await nft(`add element inet ${table} theirs { 10.0.0.1 }\n`)
+      expect(await run("nft", ["list", "set", "inet", table, "theirs"])).toContain("10.0.0.1")
       // The table removed by another program: the helper's next script sees it gone.
       await run("nft", ["delete", "table", "inet", table])
       await expect(nft(`add chain inet ${table} three\n`)).rejects.toThrow(
