@@ -16,6 +16,7 @@ import {
   createAccount,
   expectRefused,
   expectStatus,
+  leftoversOnceGone,
   publish,
   type Stack,
   sendCommandAnswer,
@@ -23,6 +24,8 @@ import {
   startStack,
   type TestAccount,
   upload,
+  waitCommand,
+  waitCommandRunning,
   waitRun,
 } from "./harness/Stack.ts"
 
@@ -274,6 +277,39 @@ describe("uploads", () => {
       bytes: 5,
     })
   })
+})
+
+describe("a guest that stops answering", () => {
+  it("does not hold its run's end: with every sshd of its machine stopped mid-command, the run ends, the command with it, and the machine goes", async () => {
+    const fn = await publish(stack, acct, { timeout_minutes: 60 })
+    const id = (await startRun(stack, acct, fn.function)).id
+    // Root in its machine may stop any process there, the sshd serving the host agent's
+    // connection too: the connection stays up and nothing on it answers any more.
+    const sent = expectStatus(
+      await sendCommandAnswer(stack, acct, id, "bash", {
+        command:
+          'for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = sshd ] && kill -STOP "$(basename "$p")"; done; sleep 600',
+      }),
+      201,
+      "POST bash",
+    )
+    await waitCommandRunning(stack, acct, id, sent.id)
+    // A command with a timeout ends at it, though nothing in the machine answers its kill.
+    const timed = await command(stack, acct, id, "bash", { command: "echo never", timeout_ms: 1_000 })
+    expect(timed, JSON.stringify(timed)).toMatchObject({
+      state: "failed",
+      error: expect.stringContaining("timed out after 1000 ms and the machine did not answer its kill"),
+    })
+    // The finish is the host agent's own work (nothing in the machine answers it): accepted.
+    const finished = await command(stack, acct, id, "finish", { state: "failed" })
+    expect(finished, JSON.stringify(finished)).toMatchObject({
+      state: "succeeded",
+      result: { accepted: true },
+    })
+    expect(await waitRun(stack, acct, id)).toMatchObject({ state: "failed", failure: "no_submission" })
+    expect(await waitCommand(stack, acct, id, sent.id)).toMatchObject({ state: "cancelled" })
+    expect(await leftoversOnceGone(id)).toEqual([])
+  }, 120_000)
 })
 
 describe("data at rest", () => {

@@ -32,6 +32,7 @@ import {
   command,
   createAccount,
   type Json,
+  leftoversOnceGone,
   machineIdOf,
   problems,
   publish,
@@ -340,16 +341,6 @@ describe("every role in its own process (hangar serve <role>)", () => {
   }
   const ranMinutes = (ended: Json) =>
     Math.max(1, Math.ceil((Date.parse(ended.ended_at) - Date.parse(ended.started_at)) / minuteMs))
-  // What the run's machine left, once nothing is left or after 30 s: the machine is removed just
-  // after its run ends (its log's last part first).
-  const leftoversOnceGone = async (run: string) => {
-    const deadline = Date.now() + 30_000
-    for (;;) {
-      const left = await leftovers(machineIdOf(run))
-      if (left.length === 0 || Date.now() > deadline) return left
-      await new Promise((r) => setTimeout(r, 200))
-    }
-  }
   const logOf = (run: string) => runLog(stack, acct, run)
   // A run of its own, with a file written and a command left sleeping in it.
   const busyRun = async (fn: Json) => {

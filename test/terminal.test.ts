@@ -18,6 +18,7 @@ import {
   command,
   createAccount,
   type Json,
+  leftoversOnceGone,
   publish,
   runLog,
   type Stack,
@@ -381,6 +382,26 @@ describe("terminal", () => {
       ["closed", "the run ended"],
     ])
   }, 120_000)
+
+  it("a shell that ignores the hangup and never lets its terminal close does not hold the run's end: the machine goes", async () => {
+    const run = (await startRun(stack, acct, fn)).id
+    const { result, toHost, toCaller } = await openTerminal(run)
+    const caller = await connect(result.relay_url, result.route, toHost, toCaller)
+    // What a tenant (root in its machine) may do: the shell becomes a program that ignores the
+    // hangup a closed terminal sends, and says nothing more; the guest never closes its side.
+    caller.send(1, Buffer.from("trap '' HUP TERM; echo holding-$((40+2)); exec sleep infinity\n"))
+    await caller.until("holding-42")
+    await command(stack, acct, run, "finish", { state: "failed" })
+    expect(await caller.closed).toEqual({ code: 1000, reason: "the run ended" })
+    // The machine is removed all the same, and the log ends.
+    expect(await leftoversOnceGone(run)).toEqual([])
+    const log = await logOf(run)
+    expect(log.filter((l) => l.kind === "terminal").map((l) => [l.state, l.reason])).toEqual([
+      ["opened", undefined],
+      ["closed", "the run ended"],
+    ])
+    expect(log.at(-1)?.kind).toBe("end")
+  }, 60_000)
 
   it("a relay that vanishes says no close: the host end hears nothing for three heartbeats and ends the session", async () => {
     const run = (await startRun(stack, acct, fn)).id

@@ -1,8 +1,9 @@
 /**
- * Small helpers over a session's raw exec channels: shell quoting, and running a short script whose
- * output is collected whole.
+ * Small helpers over a session's raw exec channels: shell quoting, running a short script whose
+ * output is collected whole, and streaming what a channel sends.
  */
-import { Effect } from "effect"
+import type { Readable } from "node:stream"
+import { Effect, Option, Stream } from "effect"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 
 /** `s` as one single-quoted shell word. */
@@ -36,4 +37,30 @@ export const collect = (
       },
       catch: (e) => new GuestUnavailable({ detail: e instanceof Error ? e.message : String(e) }),
     }).pipe(Effect.onInterrupt(() => Effect.sync(() => ch.close()))),
+  )
+
+/**
+ * The chunks `source` (a channel, or a stream fed by one) gives, each read when the consumer takes
+ * it, so the channel's window holds the guest back. Unlike `Stream.fromAsyncIterable`, whose end
+ * awaits the read still pending, its end never waits on the guest: the guest is the tenant's (root
+ * in its machine, any program there may be replaced), it decides when its side of a channel ends,
+ * and a consumer cut off while it sent nothing waited for it for ever, and with it the run's end
+ * and the machine's removal. The pending read is left to end with the channel, which its owner
+ * closes, or with the connection, which goes with the machine.
+ */
+export const chunksOf = <E>(source: Readable, onError: (cause: unknown) => E): Stream.Stream<Uint8Array, E> =>
+  Stream.unwrapScoped(
+    Effect.map(
+      Effect.acquireRelease(
+        Effect.sync(() => (source as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]()),
+        // Not awaited: it runs once the pending read has ended, and destroys the source then.
+        (iterator) => Effect.sync(() => void iterator.return?.().catch(() => {})),
+      ),
+      (iterator) =>
+        Stream.repeatEffectOption(
+          Effect.tryPromise({ try: () => iterator.next(), catch: (e) => Option.some(onError(e)) }).pipe(
+            Effect.flatMap((r) => (r.done === true ? Effect.fail(Option.none()) : Effect.succeed(r.value))),
+          ),
+        ),
+    ),
   )

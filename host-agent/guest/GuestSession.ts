@@ -361,6 +361,14 @@ class Slots {
   }
 }
 
+/**
+ * How long a command's kill (at its timeout, or a cancel) waits for the machine: for its loop to
+ * empty the command's cgroup (at most 2,000 rounds 5 ms apart) and for the wrapper's channel to
+ * close. A machine that answers neither (the tenant stopped its sshd, say) holds neither the
+ * command nor the run's end past it.
+ */
+const KILL_GRACE_MS = 10_000
+
 const runBash = (
   client: ssh2.Client,
   wrappers: Wrappers,
@@ -398,16 +406,36 @@ const runBash = (
         )
       return kill
     }
+    // The command's answer, given once.
+    let answered = false
+    let graceTimer: ReturnType<typeof setTimeout> | undefined
+    const settle = (result: Effect.Effect<BashResult, GuestUnavailable>) => {
+      if (answered) return
+      answered = true
+      clearTimeout(graceTimer)
+      resume(result)
+    }
+    const timeoutMs = args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS
     const timer = setTimeout(() => {
       timedOut = true
       void killAll()
-    }, args.timeout_ms ?? BASH_DEFAULT_TIMEOUT_MS)
+      graceTimer = setTimeout(() => {
+        finished = true
+        settle(
+          Effect.fail(
+            new GuestUnavailable({
+              detail: `the command timed out after ${timeoutMs} ms and the machine did not answer its kill within ${KILL_GRACE_MS / 1000} s`,
+            }),
+          ),
+        )
+      }, KILL_GRACE_MS)
+    }, timeoutMs)
     const begin = (): Promise<void> =>
       wrappers.take().then(onSpare, (e) => {
         markStarted()
         clearTimeout(timer)
         finished = true
-        resume(Effect.fail(unavailable(e)))
+        settle(Effect.fail(unavailable(e)))
       })
     const onSpare = (spare: Spare): void => {
       tries++
@@ -449,7 +477,7 @@ const runBash = (
         const end = /end (\d+) (-?\d+)/.exec(control)
         // A kill loop that ran (timeout) ends first: the command is over when nothing of it is left.
         const answer = (result: Effect.Effect<BashResult, GuestUnavailable>) =>
-          kill === undefined ? resume(result) : void kill.then(() => resume(result))
+          kill === undefined ? settle(result) : void kill.then(() => settle(result))
         if (!end)
           return answer(
             Effect.fail(
@@ -473,13 +501,21 @@ const runBash = (
       ch.end(Buffer.from(fields.map((f) => `${f}\0`).join(""), "utf8"))
     }
     void begin()
-    // Cancel: kill every process of the command (its cgroup), then wait for the wrapper to finish.
+    // Cancel: kill every process of the command (its cgroup), then wait for the wrapper to finish,
+    // within the grace.
     return Effect.promise(async () => {
       clearTimeout(timer)
+      clearTimeout(graceTimer)
       finished = true
       if (!channel) return
-      await killAll()
-      await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))])
+      let graceOver: ReturnType<typeof setTimeout> | undefined
+      await Promise.race([
+        killAll().then(() => closed),
+        new Promise((r) => {
+          graceOver = setTimeout(r, KILL_GRACE_MS)
+        }),
+      ])
+      clearTimeout(graceOver)
     })
   })
 

@@ -18,7 +18,7 @@ import type { KeyringError } from "../../core/Keyring.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import type { ObjectInfo } from "../../core/ObjectStore.ts"
 import { SealStream } from "../../core/SealStream.ts"
-import { collect } from "./Channel.ts"
+import { chunksOf, collect } from "./Channel.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 import type { SealedObject } from "./Inputs.ts"
 import * as Manifest from "./Manifest.ts"
@@ -122,8 +122,8 @@ export const pack = (
         ),
       ),
     ).pipe(Stream.drain)
-    const data = Stream.fromAsyncIterable(
-      source as AsyncIterable<Uint8Array>,
+    const data = chunksOf(
+      source,
       (e) => new GuestUnavailable({ detail: `reading the output archive: ${String(e)}` }),
     ).pipe(
       Stream.tap((c) =>

@@ -9,8 +9,8 @@
  * line could not hold 64 variables of 64 KiB.
  */
 import type { Scope } from "effect"
-import { Deferred, Effect, Stream } from "effect"
-import { collect, quote } from "./Channel.ts"
+import { Deferred, Effect, type Stream } from "effect"
+import { chunksOf, collect, quote } from "./Channel.ts"
 import { type GuestSession, GuestUnavailable, InvalidArguments } from "./GuestSession.ts"
 
 /** What the terminal starts with. */
@@ -104,10 +104,7 @@ export const open = (
         const invalid = checkSize(rows, cols)
         return invalid ? Effect.fail(invalid) : Effect.sync(() => ch.setWindow(rows, cols, 0, 0))
       },
-      output: Stream.fromAsyncIterable(
-        ch as AsyncIterable<Uint8Array>,
-        (e) => new GuestUnavailable({ detail: `terminal output: ${String(e)}` }),
-      ),
+      output: chunksOf(ch, (e) => new GuestUnavailable({ detail: `terminal output: ${String(e)}` })),
       exit,
       close: Effect.sync(() => ch.close()),
     } satisfies Terminal

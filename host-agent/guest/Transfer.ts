@@ -15,7 +15,7 @@ import type { KeyringError } from "../../core/Keyring.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import type { ObjectCorrupt, ObjectInfo } from "../../core/ObjectStore.ts"
 import { type DecryptFailed, SealStream } from "../../core/SealStream.ts"
-import { collect, quote } from "./Channel.ts"
+import { chunksOf, collect, quote } from "./Channel.ts"
 import { resolvePath } from "./Files.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 import type { SealedObject } from "./Inputs.ts"
@@ -196,10 +196,7 @@ export const get = (
         ),
       ),
     ).pipe(Stream.drain)
-    const data = Stream.fromAsyncIterable(
-      ch as AsyncIterable<Uint8Array>,
-      (e) => new GuestUnavailable({ detail: `reading ${path}: ${String(e)}` }),
-    ).pipe(
+    const data = chunksOf(ch, (e) => new GuestUnavailable({ detail: `reading ${path}: ${String(e)}` })).pipe(
       Stream.mapEffect((c) => {
         bytes += c.length
         if (bytes > maxBytes) return Effect.fail(new TooLarge())

@@ -1147,11 +1147,13 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
         if (failure !== undefined) yield* fail(failure.failure, failure.detail, "host")
         yield* Fiber.interrupt(lifeFiber)
         // Commands still running end `cancelled`, and ended ones finish their log line and webhook,
-        // within the grace (the run actor marks the rest).
+        // within the grace (the run actor marks the rest). Interruptible, or the grace would wait
+        // for them all the same (the teardown is not).
         yield* Effect.forEach(tracked.values(), cancelTracked, {
           concurrency: "unbounded",
           discard: true,
         }).pipe(
+          Effect.interruptible,
           Effect.timeout(settings.endGraceMs),
           Effect.catchAll(() => Effect.logWarning("commands not all marked cancelled in time")),
         )

@@ -309,7 +309,8 @@ export const problems = (stack: Stack, count = 40): string =>
 export const closeStack = async (stack: Stack | undefined): Promise<void> => {
   if (stack === undefined) return
   const left = await stack.close()
-  if (left.length > 0) throw new Error(`machines left behind: ${left.join(", ")}`)
+  // With the stack's last warnings and errors: a machine is left when its end hung or failed.
+  if (left.length > 0) throw new Error(`machines left behind: ${left.join(", ")}\n${problems(stack)}`)
 }
 
 /** Starts the whole stack (nats-server first, then actors, host agent and gateway). */
@@ -629,6 +630,19 @@ export const startStack = async (options: StackOptions = {}): Promise<Stack> => 
 
 /** The machine id the host agent gives a run's machine: the run id (`host-agent/runs/RunMachine.ts`). */
 export const machineIdOf = (run: string): string => run
+
+/**
+ * What `run`'s machine left on this host, once nothing is left or after 30 s: the machine is
+ * removed just after its run ends (its log's last part first).
+ */
+export const leftoversOnceGone = async (run: string): Promise<ReadonlyArray<string>> => {
+  const deadline = Date.now() + 30_000
+  for (;;) {
+    const left = await leftovers(machineIdOf(run))
+    if (left.length === 0 || Date.now() > deadline) return left
+    await new Promise((r) => setTimeout(r, 200))
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // HTTP helpers

@@ -56,8 +56,8 @@ export const leftovers = async (
   if ((await run("ip", ["netns", "list"])).includes(Net.netnsOf(id))) found.push(`netns ${Net.netnsOf(id)}`)
   if (Net.leased(s.runDir, id)) found.push("network lease")
   found.push(...(await Policy.traces(Policy.PolicySettings.defaults, Net.hostIfOf(id))))
-  const loops = await run("losetup", ["-a"])
-  if (loops.includes(dir)) found.push(`loop device: ${loops.trim()}`)
+  for (const line of (await run("losetup", ["-a"])).split("\n"))
+    if (line.includes(`${dir}/`)) found.push(`loop device: ${line.trim()}`)
   // Mounts and processes: look through every process's view of the mounts and its command line.
   for (const pid of await readdir("/proc")) {
     if (!/^\d+$/.test(pid)) continue
