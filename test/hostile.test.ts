@@ -5,8 +5,11 @@
  * run and the service working.
  */
 import { createHash, randomBytes } from "node:crypto"
+import { readdir, readFile } from "node:fs/promises"
 import { connect } from "node:net"
+import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { NamespaceDriverSettings } from "../host-agent/machines/namespace/NamespaceDriver.ts"
 import { jsonDepthMax } from "../schema/Decode.ts"
 import { filesHolding } from "./harness/files.ts"
 import {
@@ -17,6 +20,7 @@ import {
   expectRefused,
   expectStatus,
   leftoversOnceGone,
+  machineIdOf,
   publish,
   type Stack,
   sendCommandAnswer,
@@ -279,35 +283,68 @@ describe("uploads", () => {
   })
 })
 
+/**
+ * Once every sshd process of machine `id` but its first (the listener, its pid namespace's init,
+ * which no signal from inside stops) is stopped, as the host sees them; or after 30 s.
+ */
+const sshdStopped = async (id: string) => {
+  const inMachine = new RegExp(`/hangar/${id}(/|$)`, "m")
+  const first = (await readFile(join(NamespaceDriverSettings.defaults.machinesDir, id, "pid"), "utf8")).trim()
+  const deadline = Date.now() + 30_000
+  for (;;) {
+    const states: Array<string> = []
+    for (const pid of (await readdir("/proc")).filter((p) => /^\d+$/.test(p))) {
+      const [cgroup, stat] = await Promise.all([
+        readFile(`/proc/${pid}/cgroup`, "utf8"),
+        readFile(`/proc/${pid}/stat`, "utf8"),
+      ]).catch(() => ["", ""])
+      const [, comm, state] = /^\d+ \((.*)\) (\S)/.exec(stat) ?? []
+      if (comm === "sshd" && pid !== first && inMachine.test(cgroup)) states.push(state as string)
+    }
+    if ((states.length > 0 && states.every((st) => st === "T")) || Date.now() > deadline) {
+      expect(states.length).toBeGreaterThan(0)
+      expect(states.every((st) => st === "T")).toBe(true)
+      return
+    }
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
+
 describe("a guest that stops answering", () => {
   it("does not hold its run's end: with every sshd of its machine stopped mid-command, the run ends, the command with it, and the machine goes", async () => {
     const fn = await publish(stack, acct, { timeout_minutes: 60 })
     const id = (await startRun(stack, acct, fn.function)).id
-    // Root in its machine may stop any process there, the sshd serving the host agent's
-    // connection too: the connection stays up and nothing on it answers any more.
-    const sent = expectStatus(
-      await sendCommandAnswer(stack, acct, id, "bash", {
-        command:
-          'for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = sshd ] && kill -STOP "$(basename "$p")"; done; sleep 600',
-      }),
-      201,
-      "POST bash",
-    )
-    await waitCommandRunning(stack, acct, id, sent.id)
-    // A command with a timeout ends at it, though nothing in the machine answers its kill.
-    const timed = await command(stack, acct, id, "bash", { command: "echo never", timeout_ms: 1_000 })
-    expect(timed, JSON.stringify(timed)).toMatchObject({
-      state: "failed",
-      error: expect.stringContaining("timed out after 1000 ms and the machine did not answer its kill"),
-    })
-    // The finish is the host agent's own work (nothing in the machine answers it): accepted.
-    const finished = await command(stack, acct, id, "finish", { state: "failed" })
-    expect(finished, JSON.stringify(finished)).toMatchObject({
-      state: "succeeded",
-      result: { accepted: true },
-    })
-    expect(await waitRun(stack, acct, id)).toMatchObject({ state: "failed", failure: "no_submission" })
-    expect(await waitCommand(stack, acct, id, sent.id)).toMatchObject({ state: "cancelled" })
+    try {
+      // Root in its machine may stop any process there, the sshd serving the host agent's
+      // connection too: the connection stays up and nothing on it answers any more.
+      const sent = expectStatus(
+        await sendCommandAnswer(stack, acct, id, "bash", {
+          command:
+            'for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = sshd ] && kill -STOP "$(basename "$p")"; done; sleep 600',
+        }),
+        201,
+        "POST bash",
+      )
+      await waitCommandRunning(stack, acct, id, sent.id)
+      await sshdStopped(machineIdOf(id))
+      // A command with a timeout ends at it, though nothing in the machine answers its kill.
+      const timed = await command(stack, acct, id, "bash", { command: "echo never", timeout_ms: 1_000 })
+      expect(timed, JSON.stringify(timed)).toMatchObject({
+        state: "failed",
+        error: expect.stringContaining("timed out after 1000 ms and the machine did not answer its kill"),
+      })
+      // The finish is the host agent's own work (nothing in the machine answers it): accepted.
+      const finished = await command(stack, acct, id, "finish", { state: "failed" })
+      expect(finished, JSON.stringify(finished)).toMatchObject({
+        state: "succeeded",
+        result: { accepted: true },
+      })
+      expect(await waitRun(stack, acct, id)).toMatchObject({ state: "failed", failure: "no_submission" })
+      expect(await waitCommand(stack, acct, id, sent.id)).toMatchObject({ state: "cancelled" })
+    } finally {
+      // Should an expectation fail midway, the run still ends (its room is the next test's).
+      await sendCommandAnswer(stack, acct, id, "finish", { state: "failed" }).catch(() => undefined)
+    }
     expect(await leftoversOnceGone(id)).toEqual([])
   }, 120_000)
 })
