@@ -7,7 +7,7 @@ import { createHash } from "node:crypto"
 import { mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { readText } from "../HostFiles.ts"
-import { run } from "./exec.ts"
+import { network, run } from "./exec.ts"
 
 /** The addresses and names of one machine's network. */
 export interface NetLease {
@@ -81,56 +81,43 @@ export const release = async (runDir: string, id: string): Promise<void> => {
   rmSync(byId, { force: true })
 }
 
-/** The token-bucket qdisc that holds a device to `bytesPerSecond` (tc's `bps` is bytes per second). */
-const shape = (dev: string, bytesPerSecond: number) =>
-  `qdisc replace dev ${dev} root tbf rate ${bytesPerSecond}bps burst ${Math.max(65536, Math.ceil(bytesPerSecond / 50))} latency 50ms`
-
 /**
  * Makes the netns (or names the one process `pid` is in) and the veth pair, addressed and up,
  * with a default route to the host side. With `bytesPerSecond`, each direction is shaped to it:
  * traffic to the machine on the host end, traffic from it on its own end (the machine has no
- * `CAP_NET_ADMIN`, so it cannot lift it).
+ * `CAP_NET_ADMIN`, so it cannot lift it). Made by the tool helper over rtnetlink (`exec.ts`
+ * `network`), as these would make it:
+ *
+ *     ip netns attach NETNS PID                       (without a pid: ip netns add NETNS)
+ *     ip link add HOSTIF type veth peer name eth0 netns NETNS
+ *     ip addr add HOST/30 dev HOSTIF; ip link set HOSTIF up
+ *     ip route add GUEST/32 dev HOSTIF quickack 1
+ *     ip -n NETNS addr add GUEST/30 dev eth0; ip -n NETNS link set lo up; … link set eth0 up
+ *     ip -n NETNS route add default via HOST
+ *     tc [-n NETNS] qdisc replace dev HOSTIF|eth0 root tbf rate Bbps burst max(64 KiB, B/50) latency 50ms
+ *
+ * The host route's `quickack`: the host ACKs the machine's packets at once. The guest's sshd leaves
+ * Nagle on for sessions without a terminal (every command's), so each answer after the first waits
+ * for an ACK, and a delayed one costs ~40 ms (a connect's file channel, a command's end).
  */
 export const up = async (
   n: NetLease,
   options: { readonly pid?: number; readonly bytesPerSecond?: number } = {},
 ): Promise<void> => {
   const { pid, bytesPerSecond } = options
-  await run("ip", ["-batch", "-"], {
-    input: [
-      pid === undefined ? `netns add ${n.netns}` : `netns attach ${n.netns} ${pid}`,
-      `link add ${n.hostIf} type veth peer name eth0 netns ${n.netns}`,
-      `addr add ${n.hostAddress}/30 dev ${n.hostIf}`,
-      `link set ${n.hostIf} up`,
-      // The host ACKs the machine's packets at once: the guest's sshd leaves Nagle on for sessions
-      // without a terminal (every command's), so each answer after the first waits for an ACK, and
-      // a delayed one costs ~40 ms (a connect's file channel, a command's end).
-      `route add ${n.guestAddress}/32 dev ${n.hostIf} quickack 1`,
-    ].join("\n"),
-  })
-  // With both ends there, the machine's end, and each end's shaping, are set at once.
-  await Promise.all([
-    run("ip", ["-n", n.netns, "-batch", "-"], {
-      input: [
-        `addr add ${n.guestAddress}/30 dev eth0`,
-        "link set lo up",
-        "link set eth0 up",
-        `route add default via ${n.hostAddress}`,
-      ].join("\n"),
-    }),
-    ...(bytesPerSecond === undefined
-      ? []
-      : [
-          run("tc", ["-batch", "-"], { input: shape(n.hostIf, bytesPerSecond) }),
-          run("tc", ["-n", n.netns, "-batch", "-"], { input: shape("eth0", bytesPerSecond) }),
-        ]),
+  if (pid === undefined) await run("ip", ["netns", "add", n.netns])
+  await network("up", [
+    n.netns,
+    pid === undefined ? "" : String(pid),
+    n.hostIf,
+    n.hostAddress,
+    n.guestAddress,
+    bytesPerSecond === undefined ? "" : String(bytesPerSecond),
   ])
 }
 
 /** Removes the veth pair and the netns of machine `id`; missing parts are fine. */
 export const down = async (id: string): Promise<void> => {
-  // Deleting one end of a veth pair deletes both. One `ip` for both, going on past a missing one.
-  await run("ip", ["-force", "-batch", "-"], {
-    input: `link del ${hostIfOf(id)}\nnetns del ${netnsOf(id)}\n`,
-  }).catch(() => undefined)
+  // Deleting one end of a veth pair deletes both; then the netns, going on past a missing part.
+  await network("down", [hostIfOf(id), netnsOf(id)]).catch(() => undefined)
 }
