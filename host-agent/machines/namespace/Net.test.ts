@@ -102,6 +102,22 @@ const view = async (n: Net.NetLease) => {
   )
 }
 
+/**
+ * `view(n)` once both ends' operational state is up (the kernel sets it apart from the link's
+ * flags, a moment after both ends are up), or after 5 s.
+ */
+const settled = async (n: Net.NetLease) => {
+  const deadline = Date.now() + 5_000
+  for (;;) {
+    const seen = await view(n)
+    const up = [...seen.links.host, ...seen.links.guest].every(
+      (l: { operstate: string }) => l.operstate === "UP",
+    )
+    if (up || Date.now() > deadline) return seen
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
 const gone = async (n: Net.NetLease) => ({
   link: (await run("ip", ["-o", "link", "show"])).includes(n.hostIf),
   netns: (await run("ip", ["netns", "list"])).includes(n.netns),
@@ -115,8 +131,8 @@ describe("machine network", () => {
     const [tools, helper] = [await leased("nettools"), await leased("nethelper")]
     await byTools(tools)
     await Net.up(helper, { bytesPerSecond: RATE })
-    const made = await view(helper)
-    expect(made).toEqual(await view(tools))
+    const made = await settled(helper)
+    expect(made).toEqual(await settled(tools))
     // Not an empty view that happens to match: the parts are there, as named.
     expect(made.links.host[0].flags).toContain("UP")
     expect(made.links.guest[0].operstate).toBe("UP")
