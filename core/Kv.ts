@@ -14,6 +14,7 @@ import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/tr
 import type { Scope } from "effect"
 import { Data, Effect, Either, Option, Schema, Stream } from "effect"
 import type { ParseError } from "effect/ParseResult"
+import { endingAtOnce } from "./Iterables.ts"
 import { attempt, Nats, type NatsClients, NatsError } from "./Nats.ts"
 import { publishVia, sendVia } from "./Stream.ts"
 
@@ -220,24 +221,6 @@ const includeOf: Record<NonNullable<WatchOptions["include"]>, KvWatchInclude> = 
   updates: "updates",
   history: "history",
 }
-
-/**
- * The watch iterator as an iterable whose `return()` (what an interrupted stream calls) stops the
- * watch first: the NATS iterator is an async generator, whose own `return()` would wait for the
- * pending `next()`, that is for a change that may never come, and so never let go.
- */
-const stoppable = <T>(watch: { stop(): void } & AsyncIterable<T>): AsyncIterable<T> => ({
-  [Symbol.asyncIterator]: () => {
-    const inner = watch[Symbol.asyncIterator]()
-    return {
-      next: () => inner.next(),
-      return: (value?: unknown) => {
-        watch.stop()
-        return Promise.resolve({ done: true as const, value: value as T })
-      },
-    }
-  },
-})
 
 /** The writes of one key (of every key followed), from when it was asked for, queued until taken. */
 interface WritesQueue {
@@ -779,7 +762,8 @@ const build = <A, I>(
     const watchScoped: Kv<A>["watchScoped"] = (filter = ">", options = {}) =>
       Effect.map(openWatch(filter, options), (iterator) =>
         Stream.fromAsyncIterable(
-          stoppable(iterator),
+          // Ended by stopping the watch, which ends the pending read too.
+          endingAtOnce(iterator, () => iterator.stop()),
           (cause) =>
             new NatsError({
               operation: `kv.watch ${bucket}`,

@@ -3,7 +3,8 @@
  * output is collected whole, and streaming what a channel sends.
  */
 import type { Readable } from "node:stream"
-import { Effect, Option, Stream } from "effect"
+import { Effect, Stream } from "effect"
+import { endingAtOnce } from "../../core/Iterables.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 
 /** `s` as one single-quoted shell word. */
@@ -41,26 +42,15 @@ export const collect = (
 
 /**
  * The chunks `source` (a channel, or a stream fed by one) gives, each read when the consumer takes
- * it, so the channel's window holds the guest back. Unlike `Stream.fromAsyncIterable`, whose end
- * awaits the read still pending, its end never waits on the guest: the guest is the tenant's (root
- * in its machine, any program there may be replaced), it decides when its side of a channel ends,
- * and a consumer cut off while it sent nothing waited for it for ever, and with it the run's end
- * and the machine's removal. The pending read is left to end with the channel, which its owner
- * closes, or with the connection, which goes with the machine.
+ * it, so the channel's window holds the guest back. Its end never waits on the guest
+ * (`endingAtOnce`): the guest is the tenant's (root in its machine, any program there may be
+ * replaced), it decides when its side of a channel ends, and a consumer cut off while it sent
+ * nothing waited for it for ever, and with it the run's end and the machine's removal. The read
+ * still pending ends with the channel, which its owner closes, or with the connection, which goes
+ * with the machine; the iterator's own `return()` then destroys the source.
  */
 export const chunksOf = <E>(source: Readable, onError: (cause: unknown) => E): Stream.Stream<Uint8Array, E> =>
-  Stream.unwrapScoped(
-    Effect.map(
-      Effect.acquireRelease(
-        Effect.sync(() => (source as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]()),
-        // Not awaited: it runs once the pending read has ended, and destroys the source then.
-        (iterator) => Effect.sync(() => void iterator.return?.().catch(() => {})),
-      ),
-      (iterator) =>
-        Stream.repeatEffectOption(
-          Effect.tryPromise({ try: () => iterator.next(), catch: (e) => Option.some(onError(e)) }).pipe(
-            Effect.flatMap((r) => (r.done === true ? Effect.fail(Option.none()) : Effect.succeed(r.value))),
-          ),
-        ),
-    ),
+  Stream.fromAsyncIterable(
+    endingAtOnce(source as AsyncIterable<Uint8Array>, (inner) => void inner.return?.().catch(() => {})),
+    onError,
   )

@@ -190,7 +190,8 @@ export const nft = (script: string): Promise<void> =>
  * Makes (`up`: netns, pid or "" for a netns already made, host interface, host address, guest
  * address, bytes a second or "" for no shaping) or removes (`down`: host interface, netns) a
  * machine's network in the helper, over rtnetlink, as the `ip` and `tc` runs in `Net.ts` did:
- * with no program started (four a machine's start, one its end, ~4 ms of CPU each to start).
+ * with no program started (four at a machine's start, one at its end: ~35 ms of host CPU a
+ * machine in all, measured).
  */
 export const network = (what: "up" | "down", args: ReadonlyArray<string>): Promise<void> =>
   call({ cmd: `:net-${what}`, args })
