@@ -165,6 +165,22 @@ const refusalOf = (url: string) =>
     ws.on("error", () => undefined)
   })
 
+/** `p`, or a failure naming `what` after 30 s: a wait of a long test that says where it hung. */
+const within = <T>(p: Promise<T>, what: string): Promise<T> =>
+  new Promise<T>((ok, fail) => {
+    const timer = setTimeout(() => fail(new Error(`${what}: not within 30 s`)), 30_000)
+    p.then(
+      (v) => {
+        clearTimeout(timer)
+        ok(v)
+      },
+      (e) => {
+        clearTimeout(timer)
+        fail(e)
+      },
+    )
+  })
+
 /** The run's whole log, once its last part (with the `end` line) is stored, or after 30 s. */
 const logOf = (run: string): Promise<Array<Json>> => runLog(stack, acct, run)
 
@@ -333,14 +349,14 @@ describe("terminal", () => {
       const n = [512, 200, 250][round] as number
       for (let i = 0; i < n; i++) caller.send(1, chunk)
       if (n > 256)
-        expect(await caller.closed).toEqual({
+        expect(await within(caller.closed, `round ${round}: the session's close`)).toEqual({
           code: 1008,
           reason: "input came faster than the shell took it",
         })
       else {
         await new Promise((r) => setTimeout(r, 1500))
         caller.ws.close()
-        await caller.closed
+        await within(caller.closed, `round ${round}: the caller's own close`)
       }
       const after = await command(stack, acct, run, "bash", { command: "echo alive" })
       expect(after, JSON.stringify(after)).toMatchObject({
@@ -352,7 +368,7 @@ describe("terminal", () => {
     const caller = await connect(again.result.relay_url, again.result.route, again.toHost, again.toCaller)
     caller.send(1, Buffer.from("echo back-$((1+1)); exit 4\n"))
     await caller.until("back-2")
-    expect((await caller.closed).code).toBe(1000)
+    expect((await within(caller.closed, "the last terminal's close")).code).toBe(1000)
     expect(caller.exitStatus).toBe(4)
     await command(stack, acct, run, "finish", { state: "failed" })
   }, 180_000)
