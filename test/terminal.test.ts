@@ -343,7 +343,10 @@ describe("terminal", () => {
     for (let round = 0; round < 3; round++) {
       const { result, toHost, toCaller } = await openTerminal(run)
       const caller = await connect(result.relay_url, result.route, toHost, toCaller)
-      caller.send(1, Buffer.from("echo asleep; sleep 5\n"))
+      // A shell that takes no input: its terminal out of canonical mode, so it holds a few KiB
+      // and then pushes back (in canonical mode a terminal with a full line takes any amount,
+      // discarding it, about 3 MB/s here, which made the overflow a race with the flood).
+      caller.send(1, Buffer.from("stty -icanon -echo; echo asleep; sleep 600\n"))
       await caller.until("asleep")
       const chunk = Buffer.alloc(32 * 1024 - 25, 0x61)
       const n = [512, 200, 250][round] as number
