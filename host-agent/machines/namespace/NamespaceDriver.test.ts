@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
-import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
+import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -128,7 +128,20 @@ describe("namespace driver", () => {
     expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
     // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
     // made them (the first command's wrapper starts no mkdir, and can move itself in).
-    const hostId = (machine.handle as { readonly hostId: number }).hostId
+    const { hostId, pid, dir } = machine.handle as {
+      readonly hostId: number
+      readonly pid: number
+      readonly dir: string
+    }
+    // Its mounts are its own: the machine sees its root overlay, the host (this process, and pid 1)
+    // sees none of its mounts.
+    const overlay = "upperdir=disk/upper"
+    expect(readFileSync(`/proc/${pid}/mountinfo`, "utf8")).toContain(overlay)
+    for (const view of ["/proc/self/mountinfo", "/proc/1/mountinfo"]) {
+      const mounts = readFileSync(view, "utf8")
+      expect(mounts).not.toContain(overlay)
+      expect(mounts).not.toContain(dir)
+    }
     for (const k of [0, 1]) {
       const group = join(Cgroups.guestGroupOf(testDriverSettings.cgroupRoot, s.id), `p${k}`)
       const files = [group, ...readdirSync(group).map((f) => join(group, f))]
@@ -161,6 +174,44 @@ describe("namespace driver", () => {
     // Idempotent: destroying again (and destroying a machine that never existed) succeeds.
     await Effect.runPromise(driver.destroy(s.id))
     await Effect.runPromise(driver.destroy(testId("never")))
+  })
+
+  it("its mounts never reach the host, even from a machines folder whose mounts propagate (as systemd makes /)", async () => {
+    // A machines folder on a shared mount: a mount made below it in a namespace that kept the
+    // sharing would show in the host's namespace too.
+    const folder = await mkdtemp(join(tmpdir(), "hg-shared-"))
+    const mount = (...args: Array<string>) => {
+      const done = spawnSync("mount", args, { encoding: "utf8" })
+      if (done.status !== 0) throw new Error(`mount ${args.join(" ")}: ${done.stderr}`)
+    }
+    try {
+      await chmod(folder, 0o755)
+      mount("--bind", folder, folder)
+      mount("--make-shared", folder)
+      const places = { ...testDriverSettings, machinesDir: folder }
+      const shared = make(places)
+      const s = spec("shared")
+      const machine = await Effect.runPromise(shared.create(s))
+      const { pid } = machine.handle as { readonly pid: number }
+      const below = (view: string) =>
+        readFileSync(view, "utf8")
+          .split("\n")
+          .filter((line) => line.includes(`${folder}/`))
+      const views = {
+        machine: readFileSync(`/proc/${pid}/mountinfo`, "utf8"),
+        host: below("/proc/self/mountinfo"),
+        init: below("/proc/1/mountinfo"),
+      }
+      const destroyed = await Effect.runPromiseExit(shared.destroy(s.id))
+      expect(views.machine).toContain("upperdir=disk/upper")
+      expect(views.host).toEqual([])
+      expect(views.init).toEqual([])
+      expect(Exit.isSuccess(destroyed), String(destroyed)).toBe(true)
+      expect(await leftovers(s.id, places)).toEqual([])
+    } finally {
+      spawnSync("umount", ["--recursive", "--lazy", folder])
+      await rm(folder, { recursive: true, force: true })
+    }
   })
 
   it("removes a claim no machine took over without a network tool: it holds no network slot", async () => {

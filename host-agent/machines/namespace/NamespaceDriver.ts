@@ -125,9 +125,10 @@ export const NamespaceDriverSettings = defineSettings(
 )
 type Settings = typeof NamespaceDriverSettings.defaults
 
-// Makes and starts the machine's container: in a private mount namespace, `machine-root.pl` mounts
-// its disk, the idmapped base and the root overlay, then becomes crun's `run --detach` (see there).
-// The container keeps the mounts alive; the namespace ends with it.
+// Makes and starts the machine's container: in a mount namespace of its own, all of whose mounts it
+// makes private first, `machine-root.pl` mounts its disk, the idmapped base and the root overlay,
+// then becomes crun's `run --detach` (see there). The container keeps the mounts alive; the
+// namespace ends with it.
 const machineRoot = fileURLToPath(new URL("./machine-root.pl", import.meta.url))
 
 /** The host id of root in the machine on network slot `slot`. */
@@ -448,10 +449,17 @@ const createNow = async (
     )
     await favored
     const code = await launch(
-      "unshare",
+      "perl",
       [
-        ...["--mount", "--propagation", "private", "perl", machineRoot],
-        ...[dir, image, spec.base, String(hostId), String(Oci.ID_COUNT), s.crun, crunRoot(s), spec.id],
+        machineRoot,
+        dir,
+        image,
+        spec.base,
+        String(hostId),
+        String(Oci.ID_COUNT),
+        s.crun,
+        crunRoot(s),
+        spec.id,
       ],
       { log: join(dir, "machine.log"), env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" } },
     )

@@ -1,6 +1,7 @@
 #!/usr/bin/perl
-# Mounts a machine's root and has crun make and start its container, in the private mount namespace
-# `unshare --mount --propagation private` made for it:
+# Mounts a machine's root and has crun make and start its container, in a mount namespace of its
+# own whose mounts are all private (what `unshare --mount --propagation private` makes, done here:
+# that program's start cost every machine 2-3 ms of CPU), so nothing mounted here reaches the host:
 #
 #   machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN CRUN_ROOT ID
 #
@@ -38,8 +39,8 @@ my %SYS = (
 my ($OPEN_TREE_CLONE, $OPEN_TREE_CLOEXEC, $AT_RECURSIVE) = (1, 0o2000000, 0x8000);
 my ($AT_EMPTY_PATH, $AT_FDCWD, $MOVE_MOUNT_F_EMPTY_PATH) = (0x1000, -100, 4);
 my ($MOUNT_ATTR_RDONLY, $MOUNT_ATTR_NODEV, $MOUNT_ATTR_IDMAP) = (0x1, 0x4, 0x100000);
-my ($MS_NOSUID, $MS_NODEV, $MNT_DETACH) = (2, 4, 2);
-my $CLONE_NEWUSER = 0x10000000;
+my ($MS_NOSUID, $MS_NODEV, $MS_REC, $MS_PRIVATE, $MNT_DETACH) = (2, 4, 0x4000, 0x40000, 2);
+my ($CLONE_NEWNS, $CLONE_NEWUSER) = (0x20000, 0x10000000);
 my ($LOOP_CTL_GET_FREE, $LOOP_CONFIGURE, $LO_FLAGS_AUTOCLEAR) = (0x4C82, 0x4C0A, 4);
 
 sub fail {
@@ -138,6 +139,9 @@ sub attach {
     fail("no loop device stayed free");
 }
 
+# The mount namespace, and every mount in it private: none of what follows propagates to the host's.
+syscall($sys->{unshare}, $CLONE_NEWNS) == 0 or fail("unshare the mount namespace: $!");
+mount_fs("none", "/", "", $MS_REC | $MS_PRIVATE, "");
 chdir $dir or fail("cd $dir: $!");
 detach("/sys/fs/cgroup/unified", 1);
 my ($loop_fh, $loop) = attach($image);
