@@ -357,10 +357,11 @@ describe("every role in its own process (hangar serve <role>)", () => {
   it("a host agent SIGKILLed and started again adopts its runs' machines: the runs go on, the commands it had end failed", async () => {
     const fn = await publish(stack, acct, { timeout_minutes: 600 })
     const { run, sleeper } = await busyRun(fn)
-    // Lines not yet stored as a part go with a killed process; wait until the first part is stored.
+    // Lines not yet stored as a part go with a killed process; wait until a stored part holds the
+    // `ready` line (the first part, written a flush after the log began, may hold only `machine`).
     const deadline = Date.now() + 30_000
-    while ((await call(stack, "GET", `/v1/runs/${run}/log`, acct.owner)).body.parts.length === 0) {
-      if (Date.now() > deadline) throw new Error("no log part was stored")
+    while (!(await logOf(run)).some((l) => l.kind === "ready")) {
+      if (Date.now() > deadline) throw new Error("no stored log part holds the ready line")
       await new Promise((r) => setTimeout(r, 100))
     }
     await stack.killHost()
