@@ -197,12 +197,19 @@ describe("namespace driver", () => {
         readFileSync(view, "utf8")
           .split("\n")
           .filter((line) => line.includes(`${folder}/`))
-      const views = {
-        machine: readFileSync(`/proc/${pid}/mountinfo`, "utf8"),
-        host: below("/proc/self/mountinfo"),
-        init: below("/proc/1/mountinfo"),
+      // Looked at, then the machine removed whatever was seen (a mount that reached the host makes
+      // its removal fail too: that failure must not hide what was seen).
+      let views: { readonly machine: string; readonly host: Array<string>; readonly init: Array<string> }
+      let destroyed: Exit.Exit<void, unknown>
+      try {
+        views = {
+          machine: readFileSync(`/proc/${pid}/mountinfo`, "utf8"),
+          host: below("/proc/self/mountinfo"),
+          init: below("/proc/1/mountinfo"),
+        }
+      } finally {
+        destroyed = await Effect.runPromiseExit(shared.destroy(s.id))
       }
-      const destroyed = await Effect.runPromiseExit(shared.destroy(s.id))
       expect(views.machine).toContain("upperdir=disk/upper")
       expect(views.host).toEqual([])
       expect(views.init).toEqual([])
