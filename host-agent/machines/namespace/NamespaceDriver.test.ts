@@ -128,20 +128,7 @@ describe("namespace driver", () => {
     expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
     // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
     // made them (the first command's wrapper starts no mkdir, and can move itself in).
-    const { hostId, pid, dir } = machine.handle as {
-      readonly hostId: number
-      readonly pid: number
-      readonly dir: string
-    }
-    // Its mounts are its own: the machine sees its root overlay, the host (this process, and pid 1)
-    // sees none of its mounts.
-    const overlay = "upperdir=disk/upper"
-    expect(readFileSync(`/proc/${pid}/mountinfo`, "utf8")).toContain(overlay)
-    for (const view of ["/proc/self/mountinfo", "/proc/1/mountinfo"]) {
-      const mounts = readFileSync(view, "utf8")
-      expect(mounts).not.toContain(overlay)
-      expect(mounts).not.toContain(dir)
-    }
+    const hostId = (machine.handle as { readonly hostId: number }).hostId
     for (const k of [0, 1]) {
       const group = join(Cgroups.guestGroupOf(testDriverSettings.cgroupRoot, s.id), `p${k}`)
       const files = [group, ...readdirSync(group).map((f) => join(group, f))]
