@@ -1,8 +1,8 @@
 import { spawnSync } from "node:child_process"
-import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
+import { readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs"
 import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { basename, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Cause, Effect, Exit, Option } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
@@ -126,6 +126,19 @@ describe("namespace driver", () => {
     const machine = await Effect.runPromise(driver.create(s))
     expect(machine.ssh.port).toBe(22)
     expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
+    // Its first program holds its stdio and sockets (and a pipe while it answers the driver's
+    // check that it listens), nothing of crun's start (crun ran from the tool runner's sealed copy,
+    // handed to it on descriptor 3).
+    const pid = (machine.handle as { readonly pid: number }).pid
+    const held = readdirSync(`/proc/${pid}/fd`).map(
+      (fd) => [Number(fd), readlinkSync(`/proc/${pid}/fd/${fd}`)] as const,
+    )
+    expect(held.filter(([fd]) => fd <= 2).map(([, to]) => basename(to))).toEqual([
+      "null",
+      "machine.log",
+      "machine.log",
+    ])
+    expect(held.filter(([fd, to]) => fd > 2 && !/^(socket|pipe):/.test(to))).toEqual([])
     // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
     // made them (the first command's wrapper starts no mkdir, and can move itself in).
     const hostId = (machine.handle as { readonly hostId: number }).hostId

@@ -457,11 +457,12 @@ const createNow = async (
         spec.base,
         String(hostId),
         String(Oci.ID_COUNT),
-        s.crun,
+        // crun from the tool runner's sealed copy: it starts once, not twice (`exec.ts` `launch`).
+        "/proc/self/fd/3",
         crunRoot(s),
         spec.id,
       ],
-      { log: join(dir, "machine.log"), env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" } },
+      { log: join(dir, "machine.log"), env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" }, sealed: s.crun },
     )
     if (code !== 0)
       throw new Error(

@@ -28,7 +28,15 @@
 # machine's network over rtnetlink in this process, as `Net.ts` describes (four `ip` and `tc`
 # runs at a machine's start and one at its end before; answered `exit 0`, or `exit 1` with the
 # step that failed and why as STDERR).
+#
+# CMD `:sealed PROGRAM CMD ARG...` starts CMD ARG... as any tool, with PROGRAM (looked up in the
+# PATH of ENV) on its descriptor 3: a sealed in-memory copy, made at first use and again whenever
+# the file changes, which the tool may run (`/proc/self/fd/3`). crun run from its file copies itself
+# into memory and starts again from the copy on every start, so that no container can write to
+# the host's crun (CVE-2019-5736); from a sealed copy it skips both, ~4.5 ms of every machine's
+# start. Where the kernel makes no executable memfd, descriptor 3 is the file itself.
 import errno
+import fcntl
 import os
 import selectors
 import signal
@@ -37,6 +45,7 @@ import signal
 # remove its machines as it shuts down, so this process ends only when its parent does.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 DEFAULTED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+MFD_EXEC = 0x10  # linux/memfd.h; not in Python 3.11's os
 
 
 def keep_to_self():
@@ -350,6 +359,51 @@ def network(tid, make, args):
     answer(tid, "exit", "0", b"", b"")
 
 
+sealed_copies = {}  # path => (the file's identity, the descriptor of its sealed copy)
+
+
+def sealed(path):
+    """A descriptor (close-on-exec, above 9) of a sealed in-memory copy of the program at PATH, the
+    one kept while the file is unchanged; or of the file itself where no such copy can be made."""
+    with open(path, "rb") as f:
+        info = os.fstat(f.fileno())
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        kept = sealed_copies.get(path)
+        if kept and kept[0] == identity:
+            return kept[1]
+        try:
+            made = memfd(os.path.basename(path))
+            try:
+                while os.sendfile(made, f.fileno(), None, 1 << 30) > 0:
+                    pass
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                fcntl.fcntl(made, fcntl.F_ADD_SEALS, seals)
+            except OSError:
+                os.close(made)
+                raise
+        except OSError:
+            made = os.dup(f.fileno())  # executable memfds turned off (vm.memfd_noexec): the file
+        # Above the descriptors a tool's actions name (0-3), so a dup2 onto 3 never finds it there.
+        fd = fcntl.fcntl(made, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(made)
+    if kept:
+        os.close(kept[1])
+    sealed_copies[path] = (identity, fd)
+    return fd
+
+
+def memfd(name):
+    """An executable memfd that can be sealed: MFD_EXEC said, as Linux >= 6.3 wants (older kernels
+    refuse the flag, and their memfds are executable)."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    try:
+        return os.memfd_create(name, flags | MFD_EXEC)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return os.memfd_create(name, flags)
+
+
 def start(tid, log, data, env, cmd, *args):
     if cmd == b":nft":
         return nft_script(tid, data)
@@ -362,6 +416,15 @@ def start(tid, log, data, env, cmd, *args):
         environment = os.environb
     opened = []
     try:
+        extra = []
+        if cmd == b":sealed":
+            if len(args) < 2:
+                raise ValueError("no program, or no command")
+            program, cmd, *args = args
+            try:
+                extra = [(os.POSIX_SPAWN_DUP2, sealed(found(program, environment)), 3)]
+            except OSError as e:  # nothing opened yet
+                return answer(tid, "error", b"spawn " + cmd + b": " + program + b" " + errno_name(e).encode())
         if log:
             out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
             opened.append(out)
@@ -385,7 +448,7 @@ def start(tid, log, data, env, cmd, *args):
             found(cmd, environment),
             [cmd, *args],
             environment,
-            file_actions=actions,
+            file_actions=actions + extra,
             # Some are ignored here (by Python, above, or by whoever started the host agent): a tool
             # starts with every signal at its default, and none blocked.
             setsigdef=DEFAULTED,

@@ -10,8 +10,9 @@
  * lost) still answers.
  */
 import { spawn, spawnSync } from "node:child_process"
+import { createHash } from "node:crypto"
 import { existsSync } from "node:fs"
-import { mkdtemp, readFile, rm } from "node:fs/promises"
+import { copyFile, mkdtemp, readFile, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -216,5 +217,56 @@ describe("exec", () => {
     } finally {
       helper.kill("SIGKILL")
     }
+  })
+
+  it("launch with a sealed program: the tool finds a sealed copy on descriptor 3, kept while the file is unchanged, and can run it", async () => {
+    const program = join(dir, "echo-copy")
+    await copyFile("/bin/echo", program)
+    const log = join(dir, "sealed.log")
+    // What the tool sees on descriptor 3: its seals, where it points, its inode, its bytes' hash.
+    const look = async () => {
+      await rm(log, { force: true })
+      const code = await launch(
+        "/usr/bin/python3",
+        [
+          "-c",
+          "import fcntl, hashlib, os; print(fcntl.fcntl(3, fcntl.F_GET_SEALS), os.readlink('/proc/self/fd/3'), os.fstat(3).st_ino, hashlib.sha256(os.pread(3, 1 << 24, 0)).hexdigest(), sep='|')",
+        ],
+        { log, env: { PATH: "/usr/bin:/bin" }, sealed: program },
+      )
+      expect(code).toBe(0)
+      const [seals, link, inode, hash] = (await readFile(log, "utf8")).trim().split("|")
+      return { seals: Number(seals), link, inode, hash }
+    }
+    const hashOf = async (file: string) =>
+      createHash("sha256")
+        .update(await readFile(file))
+        .digest("hex")
+    const first = await look()
+    // Sealed against every change (what crun checks before it skips copying itself).
+    // F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE (linux/fcntl.h: 1, 2, 4, 8).
+    expect(first.seals).toBe(15)
+    expect(first.link).toBe("/memfd:echo-copy (deleted)")
+    expect(first.hash).toBe(await hashOf("/bin/echo"))
+    // The same copy while the file is unchanged; a new one once it changes.
+    expect(await look()).toEqual(first)
+    await copyFile("/bin/true", program)
+    const changed = await look()
+    expect(changed.inode).not.toBe(first.inode)
+    expect(changed.hash).toBe(await hashOf("/bin/true"))
+    // The tool runs the copy (a program named by its name, found in the PATH, the same way).
+    await copyFile("/bin/echo", program)
+    await rm(log, { force: true })
+    const ran = await launch("sh", ["-c", 'exec /proc/self/fd/3 "ran the copy"'], {
+      log,
+      env: { PATH: `/usr/bin:/bin:${dir}` },
+      sealed: "echo-copy",
+    })
+    expect(ran).toBe(0)
+    expect(await readFile(log, "utf8")).toBe("ran the copy\n")
+    // A program that is not there: the tool does not start.
+    expect(
+      await launch("sh", ["-c", "exit 0"], { log, env: { PATH: "/bin" }, sealed: join(dir, "none") }),
+    ).toBeNull()
   })
 })

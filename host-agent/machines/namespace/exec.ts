@@ -200,11 +200,24 @@ export const network = (what: "up" | "down", args: ReadonlyArray<string>): Promi
 
 /**
  * Runs a tool with exactly `env`, its output appended to the file `log`; answers its exit code
- * (null when it could not start or was killed).
+ * (null when it could not start or was killed). With `sealed`, the tool finds that program (looked
+ * up in `env`'s PATH) on its descriptor 3 as a sealed in-memory copy it may run from
+ * `/proc/self/fd/3`: crun run so skips copying itself into memory and starting again from the copy
+ * (~4.5 ms of every machine's start; the helper keeps one copy while the file is unchanged).
  */
 export const launch = (
   cmd: string,
   args: ReadonlyArray<string>,
-  options: { readonly env: Readonly<Record<string, string>>; readonly log: string },
+  options: {
+    readonly env: Readonly<Record<string, string>>
+    readonly log: string
+    readonly sealed?: string
+  },
 ): Promise<number | null> =>
-  call({ cmd, args, env: options.env, log: options.log }).then((a) => (a.error === undefined ? a.code : null))
+  call({
+    ...(options.sealed === undefined
+      ? { cmd, args }
+      : { cmd: ":sealed", args: [options.sealed, cmd, ...args] }),
+    env: options.env,
+    log: options.log,
+  }).then((a) => (a.error === undefined ? a.code : null))
