@@ -6,8 +6,9 @@
  * descriptors (its stdio only, never the helper's nft socket) and signals (at their defaults), a
  * helper that a Ctrl-C leaves running, a helper that died (its calls fail, the next call starts
  * another) or whose parent went (it ends too), and `launch`, whose end is the tool's exit even when
- * what it started holds its log open; and a helper that is never told its tools ended (SIGCHLD
- * lost) still answers.
+ * what it started holds its log open, and which hands a tool a sealed copy of a program (kept while
+ * the file is unchanged); and a helper that is never told its tools ended (SIGCHLD lost) still
+ * answers.
  */
 import { spawn, spawnSync } from "node:child_process"
 import { createHash } from "node:crypto"
