@@ -40,6 +40,7 @@ import {
   rmSync,
   statfsSync,
   statSync,
+  symlinkSync,
   writeFileSync,
 } from "node:fs"
 import * as fs from "node:fs/promises"
@@ -394,6 +395,9 @@ const createNow = async (
     // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
     await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
     for (const d of ["disk", "lower", "root"]) mkdirSync(join(dir, d))
+    // crun is run from the sealed copy the tool runner hands it on descriptor 3 (below), by this
+    // name: a process is named after the file it was run as (`3`, run as `/proc/self/fd/3`).
+    symlinkSync("/proc/self/fd/3", join(dir, "crun"))
 
     step = "disk room"
     writeFileSync(join(dir, "reserved"), String(limits.diskBytes))
@@ -458,7 +462,7 @@ const createNow = async (
         String(hostId),
         String(Oci.ID_COUNT),
         // crun from the tool runner's sealed copy: it starts once, not twice (`exec.ts` `launch`).
-        "/proc/self/fd/3",
+        join(dir, "crun"),
         crunRoot(s),
         spec.id,
       ],
