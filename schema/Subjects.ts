@@ -126,6 +126,8 @@ export interface StorageNames {
     readonly mailboxPartition: (type: string, partition: number) => string
     /** `mbt.<type>.<partition>.<id>.<timer>`: where the schedule of a timer sits; it fires into the mailbox. */
     readonly timer: (type: string, partition: number, id: string, timer: string) => string
+    /** `mbt.<type>.<partition>.<id>.>`: every timer of one actor (one purge cancels them all). */
+    readonly timers: (type: string, partition: number, id: string) => string
     /**
      * `term.<route>.<part>` (core NATS, not stored): a terminal route between a relay and the host
      * end (`core/TerminalRoute.ts`): `join`, `in` (towards the host), `out` (towards the caller).
@@ -201,6 +203,8 @@ export const storageNames = (prefix = ""): StorageNames => {
       // mbt.<type>.<partition>.<id>.<timer>
       timer: (type, partition, id, timer) =>
         subject("mbt", token(type), token(partition), token(id), token(timer)),
+      // mbt.<type>.<partition>.<id>.>
+      timers: (type, partition, id) => subject("mbt", token(type), token(partition), token(id), ">"),
       // term.<route>.<part>
       terminal: (route, part) => subject("term", token(route), part),
       // out.<run>.<cmd>

@@ -4,9 +4,11 @@ import * as Actor from "../../schema/actors/Actor.ts"
 import { kvKeys } from "../../schema/Subjects.ts"
 import { type StartedNatsServer, startNatsServer } from "../../test/harness/NatsServer.ts"
 import * as Kv from "../Kv.ts"
+import { Nats } from "../Nats.ts"
 import { Storage } from "../Storage.ts"
 import * as Mailbox from "./Mailbox.ts"
 import { partitionOf } from "./Partition.ts"
+import { ActorSettings } from "./Settings.ts"
 import * as State from "./State.ts"
 import { eventually, fast, startWorker, withClient as withClientOn } from "./testing/Harness.ts"
 import { flaky, overlaps, Recorder, Sink } from "./testing/TestActors.ts"
@@ -186,6 +188,85 @@ describe("actor worker", () => {
         ),
     )
   }
+
+  it.live(
+    "cancelling every timer an actor has is one purge; a timer never set costs none; with one kept, or one set beside, each is purged alone",
+    () =>
+      withClient((prefix) =>
+        Effect.gen(function* () {
+          const { connection } = yield* Nats
+          const { names } = yield* Storage
+          const { partitions } = yield* ActorSettings.Tag
+          // The purges asked of the server, by the subject each removes.
+          const purges: Array<string> = []
+          const watch = connection.subscribe("$JS.API.STREAM.PURGE.>", {
+            callback: (_e, m) => {
+              purges.push(String(JSON.parse(m.string()).filter))
+            },
+          })
+          const w = yield* startWorker(server.url, prefix, actors, fast)
+          const at = Date.now() + 2_000
+          const set = (id: string, name: string) =>
+            Mailbox.send(Recorder, id, { _tag: "SetTimer", name, n: 1, at }, { msgId: `${id}-set-${name}` })
+          const timersOf = (id: string, count: number) =>
+            eventually(
+              Effect.map(State.read(Recorder, id), (r) =>
+                Option.filter(r, (x) => Object.keys(x.timers).length === count),
+              ),
+              "10 seconds",
+              `${id} to hold ${count} timers`,
+            )
+          for (const name of ["a", "b", "c"]) yield* set("all", name)
+          for (const name of ["a", "b", "c"]) yield* set("some", name)
+          for (const name of ["a", "b"]) yield* set("beside", name)
+          yield* timersOf("all", 3)
+          yield* timersOf("some", 3)
+          yield* timersOf("beside", 2)
+          // Setting a timer purges nothing (a later schedule replaces an earlier one on the server).
+          expect(purges).toEqual([])
+          const cancel = (id: string, list: ReadonlyArray<string>, also?: string) =>
+            Mailbox.send(
+              Recorder,
+              id,
+              {
+                _tag: "CancelTimers",
+                names: list,
+                ...(also === undefined ? {} : { set: { name: also, n: 2, at } }),
+              },
+              { msgId: `${id}-cancel` },
+            )
+          yield* cancel("all", ["a", "never", "b", "c"])
+          yield* cancel("some", ["a", "never", "b"])
+          yield* cancel("beside", ["a", "b"], "c")
+          yield* timersOf("all", 0)
+          yield* timersOf("some", 1)
+          // What was kept, or set beside the cancels, fires; nothing cancelled does.
+          const fired = (id: string) =>
+            eventually(
+              Effect.map(State.read(Recorder, id), (r) => Option.filter(r, (x) => x.state.fired.length > 0)),
+              "10 seconds",
+              `a timer of ${id} to fire`,
+            )
+          expect((yield* fired("some")).state.fired.map((f) => f.name)).toEqual(["c"])
+          expect((yield* fired("beside")).state.fired.map((f) => `${f.name}:${f.n}`)).toEqual(["c:2"])
+          const all = Option.getOrThrow(yield* State.read(Recorder, "all"))
+          expect(all.state.fired).toEqual([])
+          const timer = (id: string, name: string) =>
+            names.subjects.timer(Recorder.name, partitionOf(id, partitions), id, name)
+          expect([...purges].sort()).toEqual(
+            [
+              names.subjects.timers(Recorder.name, partitionOf("all", partitions), "all"),
+              timer("some", "a"),
+              timer("some", "b"),
+              timer("beside", "a"),
+              timer("beside", "b"),
+            ].sort(),
+          )
+          watch.unsubscribe()
+          yield* w.stop
+        }),
+      ),
+  )
 
   it.live(
     "messages that queued up for an actor are applied as one group with one write; a crash after it changes nothing",

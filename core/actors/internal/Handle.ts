@@ -241,6 +241,7 @@ const handleGroup = (
       encodedState = { value: encoded.right }
     }
     if (steps.length > 0) {
+      foldCancels(outbox, current.timers, names.subjects.timers(actor.name, partition, id))
       // 3. Store state + outbox with the revision read; a conflict means another owner took over.
       const last = steps[steps.length - 1]!.d
       const changed = steps.some((s) => s.step.outcome !== "stale-timer")
@@ -287,6 +288,30 @@ const handleGroup = (
       KvValueInvalid: (e) => retryLater(rt, deliveries, from, attempt, e),
     }),
   )
+
+/**
+ * A group that cancels two or more timers, schedules none and leaves the actor none (a run's end
+ * cancels three) purges them in one request, every timer of the actor at once (`allTimers`), in
+ * place of the first cancel: one purge (and one JetStream advisory) instead of one per timer. Only
+ * with no schedule in the outbox, which the purge could otherwise overtake and remove (its subject
+ * is not theirs, so `publishAll` would not keep them in order).
+ */
+const foldCancels = (
+  outbox: Array<OutboxEntry>,
+  timersLeft: Readonly<Record<string, string>>,
+  allTimers: string,
+): void => {
+  let cancels = 0
+  for (const e of outbox) {
+    if (e._tag === "Schedule") return
+    if (e._tag === "Cancel") cancels++
+  }
+  if (cancels < 2 || Object.keys(timersLeft).length > 0) return
+  const first = outbox.findIndex((e) => e._tag === "Cancel")
+  const kept = outbox.filter((e, i) => e._tag !== "Cancel" || i === first)
+  kept[first] = { _tag: "Cancel", subject: allTimers }
+  outbox.splice(0, outbox.length, ...kept)
+}
 
 const crashPoint = (
   rt: PartitionRuntime,
@@ -385,6 +410,9 @@ const applyOne = (
     for (const [name, op] of timerOps) {
       const subject = names.subjects.timer(actor.name, partition, id, name)
       if (op === null) {
+        // A timer not scheduled has nothing stored to purge: its last schedule fired, or the
+        // cancel that took it off the record purged it (published before that message's ack).
+        if (!(name in timers)) continue
         delete timers[name]
         outbox.push({ _tag: "Cancel", subject })
       } else {

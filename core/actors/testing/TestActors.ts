@@ -19,6 +19,11 @@ const RecorderMessage = Schema.Union(
   Schema.TaggedStruct("Forward", { to: Schema.String, n: Schema.Number }),
   Schema.TaggedStruct("SetTimer", { name: Schema.String, at: Schema.Number, n: Schema.Number }),
   Schema.TaggedStruct("CancelTimer", { name: Schema.String }),
+  /** Cancels every timer named, then sets `set` if given: all in one handling, one outbox. */
+  Schema.TaggedStruct("CancelTimers", {
+    names: Schema.Array(Schema.String),
+    set: Schema.optional(Schema.Struct({ name: Schema.String, at: Schema.Number, n: Schema.Number })),
+  }),
   Schema.TaggedStruct("Fired", { name: Schema.String, n: Schema.Number, at: Schema.Number }),
   Schema.TaggedStruct("Question", { x: Schema.Number }),
   Schema.TaggedStruct("Fail", { key: Schema.String }),
@@ -74,6 +79,11 @@ export const Recorder = Actor.make({
           return { state }
         case "CancelTimer":
           ctx.cancel(message.name)
+          return { state }
+        case "CancelTimers":
+          for (const name of message.names) ctx.cancel(name)
+          if (message.set !== undefined)
+            ctx.schedule(message.set.name, message.set.at, { _tag: "Fired", ...message.set })
           return { state }
         case "Fired":
           return {
