@@ -1,6 +1,7 @@
 import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs"
 import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
+import { type AddressInfo, createConnection, createServer, type Server } from "node:net"
 import { tmpdir } from "node:os"
 import { basename, join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -19,7 +20,14 @@ import {
 } from "../MachineDriver.ts"
 import * as Cgroups from "./Cgroups.ts"
 import { run } from "./exec.ts"
-import { cpusOf, endMachineThread, loopsOf, machineThreadPriority, make } from "./NamespaceDriver.ts"
+import {
+  cpusOf,
+  endMachineThread,
+  listening,
+  loopsOf,
+  machineThreadPriority,
+  make,
+} from "./NamespaceDriver.ts"
 import * as Net from "./Net.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "./testing.ts"
 
@@ -117,6 +125,38 @@ describe("cores of a machine", () => {
     expect(cpusOf(3, ["1-2"], 4)).toBe("0,1,3")
     expect(cpusOf(2, [], 2)).toBeUndefined()
     expect(cpusOf(8, ["0"], 4)).toBeUndefined()
+  })
+})
+
+describe("a machine's sshd seen listening", () => {
+  it("is a listening socket on the address and port in the process's network namespace, found with no connection", async () => {
+    const opened: Array<Server> = []
+    const listen = (host: string) =>
+      new Promise<number>((ok, fail) => {
+        const server = createServer()
+        opened.push(server)
+        server.once("error", fail)
+        server.listen(0, host, () => ok((server.address() as AddressInfo).port))
+      })
+    try {
+      const port = await listen("127.0.0.1")
+      expect(listening(process.pid, "127.0.0.1", port)).toBe(true)
+      expect(listening(process.pid, "127.0.0.2", port)).toBe(false)
+      // A port with a connection to it but no listener is not listening.
+      const client = createConnection(port, "127.0.0.1")
+      await new Promise((ok) => client.once("connect", ok))
+      opened[0]?.close() // stops listening at once; its accepted connection goes on
+      await new Promise((ok) => setImmediate(ok))
+      expect(listening(process.pid, "127.0.0.1", port)).toBe(false)
+      client.destroy()
+      // Bound to every address: listening on each.
+      const any = await listen("0.0.0.0")
+      expect(listening(process.pid, "127.0.0.3", any)).toBe(true)
+      // A process that is gone listens on nothing.
+      expect(listening(2 ** 22 + 1, "127.0.0.1", any)).toBe(false)
+    } finally {
+      for (const server of opened) server.close()
+    }
   })
 })
 

@@ -44,8 +44,7 @@ import {
   writeFileSync,
 } from "node:fs"
 import * as fs from "node:fs/promises"
-import { connect } from "node:net"
-import { availableParallelism, setPriority } from "node:os"
+import { availableParallelism, endianness, setPriority } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { isMainThread, parentPort, SHARE_ENV, Worker, workerData } from "node:worker_threads"
@@ -139,15 +138,24 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
 
-const tcpOpen = (host: string, port: number) =>
-  new Promise<boolean>((ok) => {
-    const socket = connect({ host, port })
-    socket.once("connect", () => {
-      socket.destroy()
-      ok(true)
-    })
-    socket.once("error", () => ok(false))
+/**
+ * Whether a TCP socket of process `pid`'s network namespace listens on IPv4 `address`:`port`, as
+ * its `/proc` table shows: no connection is made. A probe connection cost the machine's sshd a
+ * fork (and the connection's end) just as the host agent's own connection came.
+ */
+export const listening = (pid: number, address: string, port: number): boolean => {
+  const table = readText(`/proc/${pid}/net/tcp`)
+  if (table === undefined) return false
+  // The address as the kernel prints it: its 32 bits read in this machine's byte order.
+  const octets = Buffer.from(address.split(".").map(Number))
+  const word = endianness() === "LE" ? octets.readUInt32LE(0) : octets.readUInt32BE(0)
+  const local = `${word.toString(16).padStart(8, "0")}:${port.toString(16).padStart(4, "0")}`.toUpperCase()
+  // Lines: `sl local_address rem_address st ...`, state 0A is LISTEN.
+  return table.split("\n").some((line) => {
+    const [, at, , state] = line.trim().split(/\s+/)
+    return state === "0A" && (at === local || at === `00000000:${local.slice(9)}`)
   })
+}
 
 const crunRoot = (s: Settings) => join(s.runDir, "crun")
 
@@ -502,7 +510,7 @@ const createNow = async (
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
-    while (!(await tcpOpen(net.guestAddress, 22))) {
+    while (!listening(pid, net.guestAddress, 22)) {
       if (!(await alive(pid)) || Date.now() > until) {
         const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)
