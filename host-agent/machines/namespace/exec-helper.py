@@ -9,7 +9,7 @@
 # back. A request is `ID LOG INPUT ENV CMD ARG...`:
 #   LOG    empty: the tool's stdout and stderr are collected and answered; else a file its output
 #          is appended to (stdin /dev/null), and the answer comes at its exit, whatever still
-#          holds the file;
+#          holds the file (a tool that could not start says why there too);
 #   INPUT  the tool's stdin (pipe mode);
 #   ENV    empty: this process's environment; else `=` and the exact environment as NUL-separated
 #          NAME=VALUE entries (CMD is looked up in its PATH, as exec would).
@@ -404,6 +404,20 @@ def memfd(name):
         return os.memfd_create(name, flags)
 
 
+def not_started(tid, log, why):
+    """Answers that a tool could not start; with a LOG, says why there too (what its reader sees)."""
+    if log:
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                os.write(fd, why + b"\n")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the answer still says it
+    answer(tid, "error", why)
+
+
 def start(tid, log, data, env, cmd, *args):
     if cmd == b":nft":
         return nft_script(tid, data)
@@ -424,7 +438,7 @@ def start(tid, log, data, env, cmd, *args):
             try:
                 extra = [(os.POSIX_SPAWN_DUP2, sealed(found(program, environment)), 3)]
             except OSError as e:  # nothing opened yet
-                return answer(tid, "error", b"spawn " + cmd + b": " + program + b" " + errno_name(e).encode())
+                return not_started(tid, log, b"spawn " + cmd + b": " + program + b" " + errno_name(e).encode())
         if log:
             out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
             opened.append(out)
@@ -457,7 +471,7 @@ def start(tid, log, data, env, cmd, *args):
     except (OSError, ValueError) as e:  # ValueError: a NUL in an argument or the environment
         for fd in opened:
             os.close(fd)
-        return answer(tid, "error", b"spawn " + cmd + b" " + errno_name(e).encode())
+        return not_started(tid, log, b"spawn " + cmd + b" " + errno_name(e).encode())
     tool = tools[pid] = {"id": tid, "open": 0, "log": bool(log), "out": [], "err": [], "status": None}
     selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("exit", pid))
     if log:

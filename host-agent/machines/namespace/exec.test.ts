@@ -6,8 +6,8 @@
  * descriptors (its stdio only, never the helper's nft socket) and signals (at their defaults), a
  * helper that a Ctrl-C leaves running, a helper that died (its calls fail, the next call starts
  * another) or whose parent went (it ends too), and `launch`, whose end is the tool's exit even when
- * what it started holds its log open, and which hands a tool a sealed copy of a program (kept while
- * the file is unchanged); and a helper that is never told its tools ended (SIGCHLD lost) still
+ * what it started holds its log open (and which says there why a tool could not start), and which
+ * hands a tool a sealed copy of a program (kept while the file is unchanged); and a helper that is never told its tools ended (SIGCHLD lost) still
  * answers.
  */
 import { spawn, spawnSync } from "node:child_process"
@@ -181,7 +181,9 @@ describe("exec", () => {
     expect(text).toMatch(/^started hello\nleft \d+\n$/)
     // The sleep it left holds the log open; it is this test's to end.
     process.kill(Number(/left (\d+)/.exec(text)?.[1]), "SIGKILL")
+    // One that cannot start: no exit code, and the log says why.
     expect(await launch("/nonexistent", [], { log, env: {} })).toBeNull()
+    expect((await readFile(log, "utf8")).endsWith("spawn /nonexistent ENOENT\n")).toBe(true)
   })
 
   it("answers tools whose end it was never signalled (a lost SIGCHLD)", async () => {
@@ -265,9 +267,10 @@ describe("exec", () => {
     })
     expect(ran).toBe(0)
     expect(await readFile(log, "utf8")).toBe("ran the copy\n")
-    // A program that is not there: the tool does not start.
-    expect(
-      await launch("sh", ["-c", "exit 0"], { log, env: { PATH: "/bin" }, sealed: join(dir, "none") }),
-    ).toBeNull()
+    // A program that is not there: the tool does not start, and its log says why.
+    await rm(log, { force: true })
+    const missing = join(dir, "none")
+    expect(await launch("sh", ["-c", "exit 0"], { log, env: { PATH: "/bin" }, sealed: missing })).toBeNull()
+    expect(await readFile(log, "utf8")).toBe(`spawn sh: ${missing} ENOENT\n`)
   })
 })
