@@ -164,52 +164,55 @@ describe("namespace driver", () => {
   it("creates a machine reachable over SSH with its limits, and destroy leaves nothing", async () => {
     const s = spec("basic")
     const machine = await Effect.runPromise(driver.create(s))
-    expect(machine.ssh.port).toBe(22)
-    expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
-    // Its first program holds its stdio and sockets (and a pipe while it answers the driver's
-    // check that it listens), nothing of crun's start (crun ran from the tool runner's sealed copy,
-    // handed to it on descriptor 3).
-    const pid = (machine.handle as { readonly pid: number }).pid
-    const held = readdirSync(`/proc/${pid}/fd`).map(
-      (fd) => [Number(fd), readlinkSync(`/proc/${pid}/fd/${fd}`)] as const,
-    )
-    expect(held.filter(([fd]) => fd <= 2).map(([, to]) => basename(to))).toEqual([
-      "null",
-      "machine.log",
-      "machine.log",
-    ])
-    expect(held.filter(([fd, to]) => fd > 2 && !/^(socket|pipe):/.test(to))).toEqual([])
-    // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
-    // made them (the first command's wrapper starts no mkdir, and can move itself in).
-    const hostId = (machine.handle as { readonly hostId: number }).hostId
-    for (const k of [0, 1]) {
-      const group = join(Cgroups.guestGroupOf(testDriverSettings.cgroupRoot, s.id), `p${k}`)
-      const files = [group, ...readdirSync(group).map((f) => join(group, f))]
-      expect(files.length).toBeGreaterThan(10)
-      expect(new Set(files.map((f) => statSync(f).uid))).toEqual(new Set([hostId]))
-    }
-    const out = await Effect.runPromise(
-      Effect.scoped(
-        Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
-          g.bash({
-            command:
-              "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; ls -A /workspace; ls -A /workspace/in | wc -l; ls -A /workspace/out | wc -l",
-          }),
+    // A failed check below still removes the machine (the destroy at the end is checked itself).
+    try {
+      expect(machine.ssh.port).toBe(22)
+      expect(machine.limits).toEqual({ vcpus: 1, memoryBytes: 2 * 1024 ** 3, diskBytes: 16 * 1024 ** 3 })
+      // Its first program holds its stdio and its listening socket, nothing of crun's start (crun ran
+      // from the tool runner's sealed copy, handed to it on descriptor 3).
+      const pid = (machine.handle as { readonly pid: number }).pid
+      const held = readdirSync(`/proc/${pid}/fd`).map(
+        (fd) => [Number(fd), readlinkSync(`/proc/${pid}/fd/${fd}`)] as const,
+      )
+      expect(held.filter(([fd]) => fd <= 2).map(([, to]) => basename(to))).toEqual([
+        "null",
+        "machine.log",
+        "machine.log",
+      ])
+      expect(held.filter(([fd, to]) => fd > 2 && !to.startsWith("socket:"))).toEqual([])
+      // Its first two commands' groups are made with it, all theirs the machine root's, as if it had
+      // made them (the first command's wrapper starts no mkdir, and can move itself in).
+      const hostId = (machine.handle as { readonly hostId: number }).hostId
+      for (const k of [0, 1]) {
+        const group = join(Cgroups.guestGroupOf(testDriverSettings.cgroupRoot, s.id), `p${k}`)
+        const files = [group, ...readdirSync(group).map((f) => join(group, f))]
+        expect(files.length).toBeGreaterThan(10)
+        expect(new Set(files.map((f) => statSync(f).uid))).toEqual(new Set([hostId]))
+      }
+      const out = await Effect.runPromise(
+        Effect.scoped(
+          Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+            g.bash({
+              command:
+                "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; ls -A /workspace; ls -A /workspace/in | wc -l; ls -A /workspace/out | wc -l",
+            }),
+          ),
         ),
-      ),
-    )
-    const lines = out.output.split("\n")
-    expect(lines[0]).toBe("hello")
-    expect(lines[1]).toBe("machine")
-    // ext4 keeps a little for itself; the disk is the size's 16 GiB.
-    expect(Number(lines[2])).toBeGreaterThan(15.5 * 1024 ** 3)
-    expect(Number(lines[2])).toBeLessThanOrEqual(16 * 1024 ** 3)
-    expect(lines[3]).toContain("sshd") // pid 1 of its own pid namespace
-    expect(lines[4]).toBe("0") // root
-    // An empty input and output folder, whatever the run will do.
-    expect(lines.slice(5, 9)).toEqual(["in", "out", "0", "0"])
-    expect(await leftovers(s.id)).not.toEqual([])
-    await Effect.runPromise(driver.destroy(s.id))
+      )
+      const lines = out.output.split("\n")
+      expect(lines[0]).toBe("hello")
+      expect(lines[1]).toBe("machine")
+      // ext4 keeps a little for itself; the disk is the size's 16 GiB.
+      expect(Number(lines[2])).toBeGreaterThan(15.5 * 1024 ** 3)
+      expect(Number(lines[2])).toBeLessThanOrEqual(16 * 1024 ** 3)
+      expect(lines[3]).toContain("sshd") // pid 1 of its own pid namespace
+      expect(lines[4]).toBe("0") // root
+      // An empty input and output folder, whatever the run will do.
+      expect(lines.slice(5, 9)).toEqual(["in", "out", "0", "0"])
+      expect(await leftovers(s.id)).not.toEqual([])
+    } finally {
+      await Effect.runPromise(driver.destroy(s.id))
+    }
     expect(await leftovers(s.id)).toEqual([])
     // Idempotent: destroying again (and destroying a machine that never existed) succeeds.
     await Effect.runPromise(driver.destroy(s.id))
