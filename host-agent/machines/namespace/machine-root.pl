@@ -14,9 +14,9 @@
 # sparse, so they read as zeros already); shows BASE on `lower` through an idmapped, read-only
 # bind mount; mounts the overlay `root` (lower `lower`, upper `disk/upper`); lets go of `lower`
 # and `disk` (the overlay holds them); then becomes `CRUN --root CRUN_ROOT run --detach` (one crun
-# where `create` and then `start` took two, at ~7 ms of CPU each to load and parse; CRUN a program,
-# or `/proc/self/fd/N` for a copy on a descriptor, see the end). The container keeps the mounts
-# alive; this namespace ends with it.
+# where `create` and then `start` took two, at ~7 ms of CPU each to load and parse; CRUN is the
+# machine folder's link to `/proc/self/fd/3`, where the tool runner put a sealed copy of crun, and
+# the process is named crun). The container keeps the mounts alive; this namespace ends with it.
 #
 # The idmapped mount: files owned by id N under BASE appear under `lower` as owned by HOST_ID + N
 # (N < COUNT), so a machine whose root is mapped to HOST_ID sees the shared base as its own, and the
