@@ -157,6 +157,28 @@ export const listening = (pid: number, address: string, port: number): boolean =
   })
 }
 
+/**
+ * Whether process `pid` holds a socket past its stdio: what sshd opens just before it listens, and
+ * ~40 µs to look at, where a read of its `/proc` TCP table (`listening`) takes ~1 ms (the kernel
+ * walks the host's whole connection table for it), so that is read only once this is so.
+ */
+const holdsSocket = (pid: number): boolean => {
+  let fds: Array<string>
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`)
+  } catch {
+    return false // it ended
+  }
+  return fds.some((fd) => {
+    if (Number(fd) <= 2) return false
+    try {
+      return readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith("socket:")
+    } catch {
+      return false // closed meanwhile
+    }
+  })
+}
+
 const crunRoot = (s: Settings) => join(s.runDir, "crun")
 
 /** The kernel's process id ceiling this driver raises a host to (the 64-bit kernel's maximum). */
@@ -510,7 +532,7 @@ const createNow = async (
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
-    while (!listening(pid, net.guestAddress, 22)) {
+    while (!(holdsSocket(pid) && listening(pid, net.guestAddress, 22))) {
       if (!(await alive(pid)) || Date.now() > until) {
         const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)
