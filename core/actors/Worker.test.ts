@@ -260,7 +260,7 @@ describe("actor worker", () => {
               Effect.map(storedTimers(id), (left) =>
                 JSON.stringify(left) === JSON.stringify(expected) ? Option.some(left) : Option.none(),
               ),
-              "3 seconds",
+              "10 seconds",
               `the stored schedules of ${id} to be ${JSON.stringify(expected)}`,
             )
           yield* storedBecomes("all", [])
