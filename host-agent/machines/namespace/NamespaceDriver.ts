@@ -40,7 +40,6 @@ import {
   rmSync,
   statfsSync,
   statSync,
-  symlinkSync,
   writeFileSync,
 } from "node:fs"
 import * as fs from "node:fs/promises"
@@ -139,28 +138,9 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
 
 /**
- * Whether a TCP socket of process `pid`'s network namespace listens on IPv4 `address`:`port`, as
- * its `/proc` table shows: no connection is made. A probe connection cost the machine's sshd a
- * fork (and the connection's end) just as the host agent's own connection came.
- */
-export const listening = (pid: number, address: string, port: number): boolean => {
-  const table = readText(`/proc/${pid}/net/tcp`)
-  if (table === undefined) return false
-  // The address as the kernel prints it: its 32 bits read in this machine's byte order.
-  const octets = Buffer.from(address.split(".").map(Number))
-  const word = endianness() === "LE" ? octets.readUInt32LE(0) : octets.readUInt32BE(0)
-  const local = `${word.toString(16).padStart(8, "0")}:${port.toString(16).padStart(4, "0")}`.toUpperCase()
-  // Lines: `sl local_address rem_address st ...`, state 0A is LISTEN.
-  return table.split("\n").some((line) => {
-    const [, at, , state] = line.trim().split(/\s+/)
-    return state === "0A" && (at === local || at === `00000000:${local.slice(9)}`)
-  })
-}
-
-/**
  * Whether process `pid` holds a socket past its stdio: what sshd opens just before it listens, and
- * ~40 µs to look at, where a read of its `/proc` TCP table (`listening`) takes ~1 ms (the kernel
- * walks the host's whole connection table for it), so that is read only once this is so.
+ * ~40 µs to look at, where a read of its `/proc` TCP table takes ~1 ms (the kernel walks the host's
+ * whole connection table for it).
  */
 const holdsSocket = (pid: number): boolean => {
   let fds: Array<string>
@@ -176,6 +156,27 @@ const holdsSocket = (pid: number): boolean => {
     } catch {
       return false // closed meanwhile
     }
+  })
+}
+
+/**
+ * Whether a TCP socket of process `pid`'s network namespace listens on IPv4 `address`:`port`, as
+ * its `/proc` table shows (read only once the process holds a socket): no connection is made. A
+ * probe connection cost the machine's sshd a fork (and the connection's end) just as the host
+ * agent's own connection came.
+ */
+export const listening = (pid: number, address: string, port: number): boolean => {
+  if (!holdsSocket(pid)) return false
+  const table = readText(`/proc/${pid}/net/tcp`)
+  if (table === undefined) return false
+  // The address as the kernel prints it: its 32 bits read in this machine's byte order.
+  const octets = Buffer.from(address.split(".").map(Number))
+  const word = endianness() === "LE" ? octets.readUInt32LE(0) : octets.readUInt32BE(0)
+  const local = `${word.toString(16).padStart(8, "0")}:${port.toString(16).padStart(4, "0")}`.toUpperCase()
+  // Lines: `sl local_address rem_address st ...`, state 0A is LISTEN.
+  return table.split("\n").some((line) => {
+    const [, at, , state] = line.trim().split(/\s+/)
+    return state === "0A" && (at === local || at === `00000000:${local.slice(9)}`)
   })
 }
 
@@ -425,9 +426,6 @@ const createNow = async (
     // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
     await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
     for (const d of ["disk", "lower", "root"]) mkdirSync(join(dir, d))
-    // crun is run from the sealed copy the tool runner hands it on descriptor 3 (below), by this
-    // name: a process is named after the file it was run as (`3`, run as `/proc/self/fd/3`).
-    symlinkSync("/proc/self/fd/3", join(dir, "crun"))
 
     step = "disk room"
     writeFileSync(join(dir, "reserved"), String(limits.diskBytes))
@@ -484,19 +482,13 @@ const createNow = async (
     await favored
     const code = await launch(
       "perl",
-      [
-        machineRoot,
-        dir,
-        image,
-        spec.base,
-        String(hostId),
-        String(Oci.ID_COUNT),
+      [machineRoot, dir, image, spec.base, String(hostId), String(Oci.ID_COUNT), crunRoot(s), spec.id],
+      {
+        log: join(dir, "machine.log"),
+        env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" },
         // crun from the tool runner's sealed copy: it starts once, not twice (`exec.ts` `launch`).
-        join(dir, "crun"),
-        crunRoot(s),
-        spec.id,
-      ],
-      { log: join(dir, "machine.log"), env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" }, sealed: s.crun },
+        sealed: s.crun,
+      },
     )
     if (code !== 0)
       throw new Error(
@@ -532,7 +524,7 @@ const createNow = async (
 
     step = "ready"
     const until = Date.now() + s.readyTimeoutMs
-    while (!(holdsSocket(pid) && listening(pid, net.guestAddress, 22))) {
+    while (!listening(pid, net.guestAddress, 22)) {
       if (!(await alive(pid)) || Date.now() > until) {
         const tail = readFileSync(join(dir, "machine.log"), "utf8")
         throw new Error(`sshd did not start: ${tail.slice(-2000)}`)

@@ -365,12 +365,14 @@ sealed_copies = {}  # path => (the file's identity, the descriptor of its sealed
 def sealed(path):
     """A descriptor (close-on-exec, above 9) of a sealed in-memory copy of the program at PATH, the
     one kept while the file is unchanged; or of the file itself where no such copy can be made."""
+    info = os.stat(path)
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    kept = sealed_copies.get(path)
+    if kept and kept[0] == identity:
+        return kept[1]
+    # (A file replaced between the look and the copy is copied again at the next call: its identity
+    # then differs from the one kept.)
     with open(path, "rb") as f:
-        info = os.fstat(f.fileno())
-        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-        kept = sealed_copies.get(path)
-        if kept and kept[0] == identity:
-            return kept[1]
         try:
             made = memfd(os.path.basename(path))
             try:

@@ -3,7 +3,7 @@
 # own whose mounts are all private (what `unshare --mount --propagation private` makes, done here:
 # that program's start cost every machine 2-3 ms of CPU), so nothing mounted here reaches the host:
 #
-#   machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN CRUN_ROOT ID
+#   machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN_ROOT ID
 #
 # In DIR (the machine's folder; relative paths from here on, so the guest's mountinfo names no host
 # folder): hides the cgroup v2 part of a hybrid layout (crun refuses one whose v2 part holds
@@ -13,10 +13,11 @@
 # (ext4; its inode tables are not zeroed in the background, `noinit_itable`: the image starts
 # sparse, so they read as zeros already); shows BASE on `lower` through an idmapped, read-only
 # bind mount; mounts the overlay `root` (lower `lower`, upper `disk/upper`); lets go of `lower`
-# and `disk` (the overlay holds them); then becomes `CRUN --root CRUN_ROOT run --detach` (one crun
-# where `create` and then `start` took two, at ~7 ms of CPU each to load and parse; CRUN is the
-# machine folder's link to `/proc/self/fd/3`, where the tool runner put a sealed copy of crun, and
-# the process is named crun). The container keeps the mounts alive; this namespace ends with it.
+# and `disk` (the overlay holds them); then becomes `crun --root CRUN_ROOT run --detach` (one crun
+# where `create` and then `start` took two, at ~7 ms of CPU each to load and parse), run from the
+# sealed copy of crun the tool runner put on descriptor 3 through the link DIR/crun (a process is
+# named after the file it was run as: `3`, run as `/proc/self/fd/3`). The container keeps the
+# mounts alive; this namespace ends with it.
 #
 # The idmapped mount: files owned by id N under BASE appear under `lower` as owned by HOST_ID + N
 # (N < COUNT), so a machine whose root is mapped to HOST_ID sees the shared base as its own, and the
@@ -49,8 +50,8 @@ sub fail {
     exit 1;
 }
 
-fail("usage: machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN CRUN_ROOT ID") if @ARGV != 8;
-my ($dir, $image, $base, $host_id, $count, $crun, $crun_root, $id) = @ARGV;
+fail("usage: machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN_ROOT ID") if @ARGV != 7;
+my ($dir, $image, $base, $host_id, $count, $crun_root, $id) = @ARGV;
 # The machine's architecture (no POSIX module: loading it took 6 ms).
 my $arch_file;
 my $arch = open($arch_file, "<", "/proc/sys/kernel/arch") ? <$arch_file> : `uname -m`;
@@ -155,5 +156,6 @@ idmapped($base, "lower");
 mount_fs("overlay", "root", "overlay", 0, "lowerdir=lower,upperdir=disk/upper,workdir=disk/work");
 detach("lower");
 detach("disk");
-exec { $crun } "crun", "--root", $crun_root, "run", "--detach", "--bundle", $dir, "--pid-file", "$dir/pid", $id
-  or fail("exec $crun: $!");
+symlink("/proc/self/fd/3", "crun") or fail("link crun: $!");
+exec { "$dir/crun" } "crun", "--root", $crun_root, "run", "--detach", "--bundle", $dir, "--pid-file", "$dir/pid", $id
+  or fail("exec crun: $!");
