@@ -14,6 +14,7 @@ import { mountsOf, normalNice, readText } from "../HostFiles.ts"
 import {
   BACKGROUND_WEIGHT,
   backgroundNice,
+  type Machine,
   type MachineSpec,
   NORMAL_WEIGHT,
   scopedOn,
@@ -63,6 +64,16 @@ const withMachine = <A>(
           f({ bash: (command) => Effect.runPromise(guest.bash({ command })) }),
         )
       }),
+    ),
+  )
+
+/** Runs `command` on `machine` over a session of its own. */
+const bashOn = (machine: Machine, command: string) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
+        g.bash({ command }),
+      ),
     ),
   )
 
@@ -189,15 +200,9 @@ describe("namespace driver", () => {
         expect(files.length).toBeGreaterThan(10)
         expect(new Set(files.map((f) => statSync(f).uid))).toEqual(new Set([hostId]))
       }
-      const out = await Effect.runPromise(
-        Effect.scoped(
-          Effect.flatMap(connect({ ...machine.ssh, privateKey: keys.client.private }), (g) =>
-            g.bash({
-              command:
-                "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; ls -A /workspace; ls -A /workspace/in | wc -l; ls -A /workspace/out | wc -l",
-            }),
-          ),
-        ),
+      const out = await bashOn(
+        machine,
+        "echo hello; hostname; df -B1 --output=size /workspace | tail -1; cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; ls -A /workspace; ls -A /workspace/in | wc -l; ls -A /workspace/out | wc -l",
       )
       const lines = out.output.split("\n")
       expect(lines[0]).toBe("hello")
@@ -407,6 +412,56 @@ describe("namespace driver", () => {
     expect(out.output).toContain("No space left on device")
     expect(out.output).toContain("status=1")
     expect(await leftovers(s.id)).toEqual([])
+  })
+
+  it("a machine's disk is a sparse copy of the empty disk of its size, its first files its root's, none left on the host, the empty disk unchanged", async () => {
+    // A size of its own: its empty disk is made by this test's first machine.
+    const bytes = 48 * 1024 * 1024 + 4096 * Math.floor(Math.random() * 1000)
+    const templates = join(testDriverSettings.runDir, "disks")
+    const templateOf = () =>
+      readdirSync(templates)
+        .filter((f) => f.startsWith(`workspace-${bytes}-`))
+        .map((f) => join(templates, f))
+    const [a, b] = [
+      spec("diska", { override: { diskBytes: bytes } }),
+      spec("diskb", { override: { diskBytes: bytes } }),
+    ]
+    try {
+      const ma = await Effect.runPromise(driver.create(a))
+      const [template, ...more] = templateOf()
+      expect(more).toEqual([])
+      if (template === undefined) throw new Error("no empty disk of the size was made")
+      const before = readFileSync(template)
+      expect(statSync(template).mode & 0o777).toBe(0o444)
+      const dir = join(testDriverSettings.machinesDir, a.id)
+      // Its data only: the rest of the image a hole, as the empty disk's.
+      const image = statSync(join(dir, "disk.img"))
+      expect(image.size).toBe(bytes)
+      expect(image.blocks * 512).toBeLessThan(4 * 1024 * 1024)
+      // Its first files were moved onto its disk: nothing of them (the host key) stays in its folder.
+      expect(readdirSync(dir)).not.toContain("seed")
+      const owners = await bashOn(
+        ma,
+        "stat -c '%u:%g %a %n' /etc/ssh/hangar_host_key /etc/ssh/hangar_authorized_keys /etc/ssh/sshd_config /run/sshd /workspace /workspace/in /workspace/out; head -c 1M /dev/urandom > /workspace/in/mine; sync",
+      )
+      expect(owners.exit_code).toBe(0)
+      const lines = owners.output.trim().split("\n")
+      expect(lines.map((l) => l.split(" ")[0])).toEqual(Array(7).fill("0:0"))
+      expect(lines[0]).toBe("0:0 600 /etc/ssh/hangar_host_key")
+      expect(lines[3]).toBe("0:0 755 /run/sshd")
+      // A second machine of the size starts from the empty disk, not from the first's.
+      const mb = await Effect.runPromise(driver.create(b))
+      const listed = await bashOn(mb, "ls -A /workspace/in | wc -l")
+      expect(listed.output.trim()).toBe("0")
+      expect(readFileSync(template).equals(before)).toBe(true)
+      expect(templateOf()).toEqual([template])
+    } finally {
+      await Effect.runPromise(driver.destroy(a.id))
+      await Effect.runPromise(driver.destroy(b.id))
+      for (const t of templateOf()) await rm(t, { force: true })
+    }
+    expect(await leftovers(a.id)).toEqual([])
+    expect(await leftovers(b.id)).toEqual([])
   })
 
   it("a container that does not start fails the create at its container, its rules placed meanwhile, and leaves nothing", async () => {

@@ -9,8 +9,9 @@
  * Its disk is one ext4 image of the size's capacity on a loop device: it holds `/workspace` and the
  * writable layer of the root (an overlay whose lower layer is the read-only base, shown to the
  * machine through an idmapped mount so that its root owns it), so every byte the machine writes
- * anywhere counts against its size, and a full disk is a real ENOSPC. The image is made with its
- * first files in place (`mkfs.ext4 -d`), owned by the machine's range. The disk and the overlay
+ * anywhere counts against its size, and a full disk is a real ENOSPC. The image is a sparse copy of
+ * the empty one of its size (`Disks.workspaceTemplate`, in the run folder), its first files moved
+ * onto it as it is mounted, owned by the machine's range. The disk and the overlay
  * are mounted in a private mount namespace made just before crun, so the host never sees them and
  * they vanish with the machine's processes.
  *
@@ -379,7 +380,8 @@ const checkDiskRoom = (s: Settings, id: string, diskBytes: number) => {
 }
 
 /**
- * The machine's first files, as the disk image holds them from the start (owned by its root).
+ * The machine's first files (owned by its root), in the folder `seed` of its own, which
+ * `machine-root.pl` moves onto its disk.
  * Written synchronously, as the folder's other small files: a dozen steps each awaited took 25–50 ms
  * in all while other runs kept the host agent's thread busy (each waited its turn), against well
  * under a millisecond of work.
@@ -417,9 +419,6 @@ const createNow = async (
   // The machine's network rules, placed while its disk and container are made (they match its
   // interface by name); awaited before the machine is handed out, and before any cleanup.
   let rules: Promise<void> | undefined
-  // The disk's first files, removed once copied in, off this thread (a dozen folders: ~3 ms of
-  // synchronous removal); awaited before the machine is handed out, and before any cleanup.
-  let seedRemoved: Promise<void> | undefined
   // Once per process, while the disk is made; awaited before crun puts the machine in its groups.
   const favored = Cgroups.favorDynamicChanges()
   try {
@@ -442,12 +441,11 @@ const createNow = async (
     if (hostKey instanceof Error) throw hostKey
     const hostPublic = `${hostKey.type} ${hostKey.getPublicSSH().toString("base64")}`
 
+    // The disk is a copy of the empty one of its size, made by `machine-root.pl` with its first
+    // files moved onto it (below).
     step = "disk"
-    const image = join(dir, "disk.img")
-    const seeded = seed(dir, hostId, spec, net.guestAddress)
-    await Disks.workspace(image, limits.diskBytes, { seed: seeded, owner: hostId })
-    seedRemoved = fs.rm(seeded, { recursive: true, force: true })
-    seedRemoved.catch(() => undefined) // awaited below
+    const template = await Disks.workspaceTemplate(join(s.runDir, "disks"), limits.diskBytes)
+    seed(dir, hostId, spec, net.guestAddress)
 
     // The disk's throttle is set once `machine-root.pl` has put it on a loop device (below).
     step = "cgroups"
@@ -482,7 +480,7 @@ const createNow = async (
     await favored
     const code = await launch(
       "perl",
-      [machineRoot, dir, image, spec.base, String(hostId), String(Oci.ID_COUNT), crunRoot(s), spec.id],
+      [machineRoot, dir, template, spec.base, String(hostId), String(Oci.ID_COUNT), crunRoot(s), spec.id],
       {
         log: join(dir, "machine.log"),
         env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" },
@@ -531,8 +529,6 @@ const createNow = async (
       }
       await sleep(1)
     }
-    step = "disk"
-    await seedRemoved
     return {
       id: spec.id,
       size: spec.size,
@@ -544,7 +540,6 @@ const createNow = async (
     const detail = messageOf(e)
     // Rules still being placed would land after the cleanup removed them.
     await rules?.catch(() => undefined)
-    await seedRemoved?.catch(() => undefined)
     if (step !== "folder" || !detail.includes("EEXIST"))
       await destroyNow(s, policy, spec.id).catch(() => undefined)
     throw new MachineCreateFailed({ id: spec.id, step, detail })

@@ -3,17 +3,20 @@
 # own whose mounts are all private (what `unshare --mount --propagation private` makes, done here:
 # that program's start cost every machine 2-3 ms of CPU), so nothing mounted here reaches the host:
 #
-#   machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN_ROOT ID
+#   machine-root.pl DIR TEMPLATE BASE HOST_ID COUNT CRUN_ROOT ID
 #
 # In DIR (the machine's folder; relative paths from here on, so the guest's mountinfo names no host
 # folder): hides the cgroup v2 part of a hybrid layout (crun refuses one whose v2 part holds
-# controllers; machines use v1); attaches the disk image IMAGE to a free loop device, named in the
-# file `loop` (cleared by the kernel when nothing holds it any more: this process, if it fails
-# before the mount, or the mount, when the machine's last process is gone); mounts it on `disk`
-# (ext4; its inode tables are not zeroed in the background, `noinit_itable`: the image starts
-# sparse, so they read as zeros already); shows BASE on `lower` through an idmapped, read-only
-# bind mount; mounts the overlay `root` (lower `lower`, upper `disk/upper`); lets go of `lower`
-# and `disk` (the overlay holds them); then becomes `crun --root CRUN_ROOT run --detach` (one crun
+# controllers; machines use v1); makes the machine's disk image `disk.img`, a sparse copy of
+# TEMPLATE (an empty ext4 of the machine's disk size: only its written blocks are copied, and the
+# rest stays a hole); attaches it to a free loop device, named in the file `loop` (cleared by the
+# kernel when nothing holds it any more: this process, if it fails before the mount, or the mount,
+# when the machine's last process is gone); mounts it on `disk` (ext4; its inode tables are not
+# zeroed in the background, `noinit_itable`: the image starts sparse, so they read as zeros
+# already); moves the machine's first files (the folder `seed`, made by the driver, owned by
+# HOST_ID) onto it; shows BASE on `lower` through an idmapped, read-only bind mount; mounts the
+# overlay `root` (lower `lower`, upper `disk/upper`); lets go of `lower` and `disk` (the overlay
+# holds them); then becomes `crun --root CRUN_ROOT run --detach` (one crun
 # where `create` and then `start` took two, at ~7 ms of CPU each to load and parse), run from the
 # sealed copy of crun the tool runner put on descriptor 3 through the link DIR/crun (a process is
 # named after the file it was run as: `3`, run as `/proc/self/fd/3`). The container keeps the
@@ -30,7 +33,9 @@
 # every machine's start (an error is known by its number; a test compiles it with `perl -wc`).
 use strict;
 
-my $EBUSY = 16;    # x86_64 and aarch64 alike
+my ($ENXIO, $EBUSY) = (6, 16);    # x86_64 and aarch64 alike
+my ($O_WRONLY, $O_CREAT, $O_EXCL) = (1, 0o100, 0o200);    # the same
+my ($SEEK_SET, $SEEK_DATA, $SEEK_HOLE) = (0, 3, 4);
 
 # x86_64 and aarch64: open_tree, move_mount and mount_setattr are alike; the older calls are not.
 my ($SYS_OPEN_TREE, $SYS_MOVE_MOUNT, $SYS_MOUNT_SETATTR) = (428, 429, 442);
@@ -50,8 +55,8 @@ sub fail {
     exit 1;
 }
 
-fail("usage: machine-root.pl DIR IMAGE BASE HOST_ID COUNT CRUN_ROOT ID") if @ARGV != 7;
-my ($dir, $image, $base, $host_id, $count, $crun_root, $id) = @ARGV;
+fail("usage: machine-root.pl DIR TEMPLATE BASE HOST_ID COUNT CRUN_ROOT ID") if @ARGV != 7;
+my ($dir, $template, $base, $host_id, $count, $crun_root, $id) = @ARGV;
 # The machine's architecture (no POSIX module: loading it took 6 ms).
 my $arch_file;
 my $arch = open($arch_file, "<", "/proc/sys/kernel/arch") ? <$arch_file> : `uname -m`;
@@ -120,6 +125,60 @@ sub idmapped {
     fail("idmapped mount: $error") unless $done;
 }
 
+# A new file TO of FROM's size holding FROM's data, FROM's holes left holes (an empty filesystem's
+# image is almost all hole).
+sub copy_sparse {
+    my ($from, $to) = @_;
+    open my $in, "<", $from or fail("$from: $!");
+    sysopen my $out, $to, $O_WRONLY | $O_CREAT | $O_EXCL, 0600 or fail("$to: $!");
+    truncate $out, -s $in or fail("size $to: $!");
+    my $at = 0;
+    for (;;) {
+        my $data = sysseek $in, $at, $SEEK_DATA;
+        unless (defined $data) {
+            last if $! + 0 == $ENXIO;    # no data past $at
+            fail("$from: $!");
+        }
+        my $hole = sysseek($in, $data, $SEEK_HOLE) // fail("$from: $!");
+        (sysseek($in, $data, $SEEK_SET) && sysseek($out, $data, $SEEK_SET)) or fail("seek: $!");
+        for (my $left = $hole - $data; $left > 0;) {
+            my $n = sysread $in, my $bytes, $left < 1048576 ? $left : 1048576;
+            fail("read $from: " . (defined $n ? "ends early" : $!)) unless $n;
+            (syswrite($out, $bytes) // -1) == $n or fail("write $to: $!");
+            $left -= $n;
+        }
+        $at = $hole;
+    }
+    close $out or fail("$to: $!");
+}
+
+# Moves the contents of folder FROM into folder TO, each entry's owner and mode kept (folders and
+# files only: what the driver writes there), and removes FROM.
+sub move_tree {
+    my ($from, $to) = @_;
+    opendir my $listing, $from or fail("$from: $!");
+    for my $name (grep { $_ ne "." && $_ ne ".." } readdir $listing) {
+        my ($source, $target) = ("$from/$name", "$to/$name");
+        my @st = lstat $source or fail("$source: $!");
+        if (-d _) {
+            mkdir $target, 0700 or fail("mkdir $target: $!");
+            move_tree($source, $target);
+        } elsif (-f _) {
+            open my $in, "<", $source or fail("$source: $!");
+            my $bytes = do { local $/; <$in> } // "";
+            sysopen my $out, $target, $O_WRONLY | $O_CREAT | $O_EXCL, 0600 or fail("$target: $!");
+            (syswrite($out, $bytes) // -1) == length $bytes and close $out or fail("write $target: $!");
+            unlink $source or fail("rm $source: $!");
+        } else {
+            fail("$source: neither a folder nor a file");
+        }
+        chown $st[4], $st[5], $target or fail("chown $target: $!");
+        chmod $st[2] & 07777, $target or fail("chmod $target: $!");
+    }
+    closedir $listing;
+    rmdir $from or fail("rmdir $from: $!");
+}
+
 # A free loop device with IMAGE behind it, cleared when its last holder closes it (losetup did this
 # in a tool run of its own). A device another process takes between the two calls is busy: the
 # next free one is asked for.
@@ -146,12 +205,14 @@ syscall($sys->{unshare}, $CLONE_NEWNS) == 0 or fail("unshare the mount namespace
 mount_fs("none", "/", "", $MS_REC | $MS_PRIVATE, "");
 chdir $dir or fail("cd $dir: $!");
 detach("/sys/fs/cgroup/unified", 1);
-my ($loop_fh, $loop) = attach($image);
+copy_sparse($template, "disk.img");
+my ($loop_fh, $loop) = attach("disk.img");
 open my $named, ">", "loop" or fail("loop: $!");
 print $named "$loop\n";
 close $named or fail("loop: $!");
 mount_fs($loop, "disk", "ext4", $MS_NOSUID | $MS_NODEV, "noinit_itable");
 close $loop_fh;
+move_tree("seed", "disk");
 idmapped($base, "lower");
 mount_fs("overlay", "root", "overlay", 0, "lowerdir=lower,upperdir=disk/upper,workdir=disk/work");
 detach("lower");
