@@ -464,6 +464,36 @@ describe("namespace driver", () => {
     expect(await leftovers(b.id)).toEqual([])
   })
 
+  it("a later machine is given the seccomp filter crun compiled for an earlier one, and it is in force", async () => {
+    const [a, b] = [spec("filtera"), spec("filterb")]
+    const stateOf = (id: string) => join(testDriverSettings.runDir, "crun", id)
+    try {
+      await Effect.runPromise(driver.create(a))
+      const compiled = readFileSync(join(stateOf(a.id), "seccomp.bpf"))
+      // Whole BPF instructions, the profile's hundreds of rules.
+      expect(compiled.length % 8).toBe(0)
+      expect(compiled.length).toBeGreaterThan(800)
+      const mb = await Effect.runPromise(driver.create(b))
+      const config = JSON.parse(
+        readFileSync(join(testDriverSettings.machinesDir, b.id, "config.json"), "utf8"),
+      )
+      expect(config.annotations?.["run.oci.seccomp_bpf_data"]).toBe(compiled.toString("base64"))
+      // crun loaded those bytes, and nothing else, into the machine's first process.
+      expect(readFileSync(join(stateOf(b.id), "seccomp.bpf")).equals(compiled)).toBe(true)
+      const pid = (mb.handle as { readonly pid: number }).pid
+      expect(readFileSync(`/proc/${pid}/status`, "utf8")).toMatch(/Seccomp:\s+2\nSeccomp_filters:\s+1\n/)
+      // The profile refuses unshare, which needs no capability for a user namespace.
+      const refused = await bashOn(mb, "unshare --user true; echo status=$?")
+      expect(refused.output).toContain("Operation not permitted")
+      expect(refused.output).toContain("status=1")
+    } finally {
+      await Effect.runPromise(driver.destroy(a.id))
+      await Effect.runPromise(driver.destroy(b.id))
+    }
+    expect(await leftovers(a.id)).toEqual([])
+    expect(await leftovers(b.id)).toEqual([])
+  })
+
   it("a container that does not start fails the create at its container, its rules placed meanwhile, and leaves nothing", async () => {
     // crun as given, except that it refuses `run` (the machine's rules are placed meanwhile).
     const dir = await mkdtemp(join(tmpdir(), "hangar-crun-"))

@@ -407,6 +407,32 @@ const seed = (dir: string, hostId: number, spec: MachineSpec, guestAddress: stri
   return root
 }
 
+/**
+ * The seccomp filter crun compiled from the profile's section for a machine of this process (the
+ * filter's bytes, base64), which later machines hand to crun as they are (`Oci.configOf`'s
+ * `seccompFilter`). crun writes what it loads into the container's state folder (the host's run
+ * folder, which no machine sees) before the container's first process starts; the filter is the
+ * section's, whatever machine it was compiled for. Kept for the section object (the profile file
+ * is read once per process) and the crun it was compiled by.
+ */
+let compiled: { readonly seccomp: Oci.OciSeccomp; readonly crun: string; readonly filter: string } | undefined
+
+const compiledFilter = (s: Settings, seccomp: Oci.OciSeccomp): string | undefined =>
+  compiled !== undefined && compiled.seccomp === seccomp && compiled.crun === s.crun
+    ? compiled.filter
+    : undefined
+
+/** Keeps the filter crun compiled for machine `id`, when it wrote one (whole BPF instructions). */
+const keepFilter = (s: Settings, seccomp: Oci.OciSeccomp, id: string) => {
+  try {
+    const filter = readFileSync(join(crunRoot(s), id, "seccomp.bpf"))
+    if (filter.length > 0 && filter.length % 8 === 0)
+      compiled = { seccomp, crun: s.crun, filter: filter.toString("base64") }
+  } catch {
+    // none written: the next machine compiles the section again
+  }
+}
+
 const createNow = async (
   s: Settings,
   policy: Policy.PolicySettingsValue,
@@ -459,6 +485,8 @@ const createNow = async (
 
     step = "container"
     const cpus = cpusOf(limits.vcpus, pinnedNow(s))
+    const seccomp = Oci.seccompFromFile(s.seccompProfile)
+    const seccompFilter = compiledFilter(s, seccomp)
     writeFileSync(
       join(dir, "config.json"),
       JSON.stringify(
@@ -468,7 +496,8 @@ const createNow = async (
           cgroupsPath: `/hangar/${spec.id}`,
           guestMemoryCgroup: Cgroups.guestGroupOf(s.cgroupRoot, spec.id),
           shmBytes: Math.floor(limits.memoryBytes / 2),
-          seccomp: Oci.seccompFromFile(s.seccompProfile),
+          seccomp,
+          ...(seccompFilter === undefined ? {} : { seccompFilter }),
           ...((await Lxcfs.ensure()) ? { lxcfs: { mount: Lxcfs.MOUNT, procFiles: Lxcfs.procFiles } } : {}),
           ...(cpus === undefined ? {} : { cpus }),
           // `-r`: the one connection (the host agent's) is served by a fork, not a re-exec of sshd
@@ -492,6 +521,7 @@ const createNow = async (
       throw new Error(
         `the container was not created: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
       )
+    if (seccompFilter === undefined) keepFilter(s, seccomp, spec.id)
     const pid = Number(readFileSync(join(dir, "pid"), "utf8").trim())
     // Made by a tool at this thread's nice: the machine's processes run at the host agent's (its
     // group's weight holds back a background machine's).

@@ -108,5 +108,23 @@ describe("the machine's OCI configuration", () => {
     expect(c.linux.maskedPaths).toContain("/proc/kallsyms")
     expect(c.linux.readonlyPaths).toContain("/proc/sys")
     expect(c.linux.resources).toEqual({ devices: [{ allow: false, access: "rwm" }], cpu: { cpus: "1" } })
+    // No compiled filter given: crun compiles the section itself.
+    expect("annotations" in c).toBe(false)
+  })
+
+  it("hands crun a compiled filter as it is, beside the section it was compiled from", () => {
+    const seccomp = seccompOf(profile, capabilities, "x64")
+    const c = configOf({
+      id: "m1",
+      hostId: 1_065_536,
+      cgroupsPath: "/hangar/m1",
+      guestMemoryCgroup: "/sys/fs/cgroup/memory/hangar/m1/cmds",
+      shmBytes: 1024,
+      seccomp,
+      seccompFilter: "IAAAAAQAAAA=",
+      args: ["/usr/sbin/sshd"],
+    })
+    expect(c.annotations).toEqual({ "run.oci.seccomp_bpf_data": "IAAAAAQAAAA=" })
+    expect(c.linux.seccomp).toBe(seccomp)
   })
 })
