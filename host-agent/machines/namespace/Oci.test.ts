@@ -81,17 +81,17 @@ describe("seccomp from a Docker/Podman profile", () => {
 })
 
 describe("the machine's OCI configuration", () => {
+  const machine = {
+    id: "m1",
+    hostId: 1_065_536,
+    cgroupsPath: "/hangar/m1",
+    guestMemoryCgroup: "/sys/fs/cgroup/memory/hangar/m1/cmds",
+    shmBytes: 1024,
+    args: ["/usr/sbin/sshd"],
+  }
+
   it("maps the guest's ids to its own range and makes every namespace its own", () => {
-    const c = configOf({
-      id: "m1",
-      hostId: 1_065_536,
-      cgroupsPath: "/hangar/m1",
-      guestMemoryCgroup: "/sys/fs/cgroup/memory/hangar/m1/cmds",
-      shmBytes: 1024,
-      seccomp: seccompOf(profile, capabilities, "x64"),
-      args: ["/usr/sbin/sshd"],
-      cpus: "1",
-    })
+    const c = configOf({ ...machine, seccomp: seccompOf(profile, capabilities, "x64"), cpus: "1" })
     expect(c.linux.uidMappings).toEqual([{ containerID: 0, hostID: 1_065_536, size: 65536 }])
     expect(c.linux.gidMappings).toEqual(c.linux.uidMappings)
     expect(c.linux.namespaces.map((n) => n.type).sort()).toEqual([
@@ -114,16 +114,7 @@ describe("the machine's OCI configuration", () => {
 
   it("hands crun a compiled filter as it is, beside the section it was compiled from", () => {
     const seccomp = seccompOf(profile, capabilities, "x64")
-    const c = configOf({
-      id: "m1",
-      hostId: 1_065_536,
-      cgroupsPath: "/hangar/m1",
-      guestMemoryCgroup: "/sys/fs/cgroup/memory/hangar/m1/cmds",
-      shmBytes: 1024,
-      seccomp,
-      seccompFilter: "IAAAAAQAAAA=",
-      args: ["/usr/sbin/sshd"],
-    })
+    const c = configOf({ ...machine, seccomp, seccompFilter: "IAAAAAQAAAA=" })
     expect(c.annotations).toEqual({ "run.oci.seccomp_bpf_data": "IAAAAAQAAAA=" })
     expect(c.linux.seccomp).toBe(seccomp)
   })
