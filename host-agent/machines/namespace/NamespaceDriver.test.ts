@@ -464,8 +464,8 @@ describe("namespace driver", () => {
     expect(await leftovers(b.id)).toEqual([])
   })
 
-  it("a later machine is given the seccomp filter crun compiled for an earlier one, and it is in force", async () => {
-    const [a, b] = [spec("filtera"), spec("filterb")]
+  it("a later machine is given the seccomp filter crun compiled for an earlier one, and it is in force; one that did not start has it compiled again", async () => {
+    const [a, b, c] = [spec("filtera"), spec("filterb"), spec("filterc")]
     const stateOf = (id: string) => join(testDriverSettings.runDir, "crun", id)
     try {
       await Effect.runPromise(driver.create(a))
@@ -486,12 +486,21 @@ describe("namespace driver", () => {
       const refused = await bashOn(mb, "unshare --user true; echo status=$?")
       expect(refused.output).toContain("Operation not permitted")
       expect(refused.output).toContain("status=1")
+      // A machine that did not start (here: no base) has the next one compile the section again,
+      // in case the kept filter was why.
+      const nobase = spec("nobase", { base: "/nonexistent/rootfs" })
+      expect(Exit.isFailure(await Effect.runPromiseExit(driver.create(nobase)))).toBe(true)
+      expect(await leftovers(nobase.id)).toEqual([])
+      await Effect.runPromise(driver.create(c))
+      const again = JSON.parse(
+        readFileSync(join(testDriverSettings.machinesDir, c.id, "config.json"), "utf8"),
+      )
+      expect(again.annotations).toBeUndefined()
+      expect(readFileSync(join(stateOf(c.id), "seccomp.bpf")).equals(compiled)).toBe(true)
     } finally {
-      await Effect.runPromise(driver.destroy(a.id))
-      await Effect.runPromise(driver.destroy(b.id))
+      for (const m of [a, b, c]) await Effect.runPromise(driver.destroy(m.id))
     }
-    expect(await leftovers(a.id)).toEqual([])
-    expect(await leftovers(b.id)).toEqual([])
+    for (const m of [a, b, c]) expect(await leftovers(m.id)).toEqual([])
   })
 
   it("a container that does not start fails the create at its container, its rules placed meanwhile, and leaves nothing", async () => {

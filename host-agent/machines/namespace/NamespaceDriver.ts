@@ -517,10 +517,14 @@ const createNow = async (
         sealed: s.crun,
       },
     )
-    if (code !== 0)
+    if (code !== 0) {
+      // Whatever failed, the next machine compiles the section again: a kept filter crun refused
+      // would otherwise fail every machine after it.
+      compiled = undefined
       throw new Error(
         `the container was not created: ${(await fs.readFile(join(dir, "machine.log"), "utf8")).slice(-2000)}`,
       )
+    }
     if (seccompFilter === undefined) keepFilter(s, seccomp, spec.id)
     const pid = Number(readFileSync(join(dir, "pid"), "utf8").trim())
     // Made by a tool at this thread's nice: the machine's processes run at the host agent's (its
