@@ -18,10 +18,10 @@
 # overlay `root` (lower `lower`, upper `disk/upper`); then becomes `crun --root CRUN_ROOT run
 # --detach` (one crun where `create` and then `start` took two, at ~7 ms of CPU each to load and
 # parse), run from the sealed copy of crun the tool runner put on descriptor 3 through the link
-# DIR/crun (a process is named after the file it was run as: `3`, run as `/proc/self/fd/3`). The container keeps the
-# mounts alive (the overlay holds its own copies of `lower` and `disk`); this namespace, with its
-# `lower` and `disk`, ends with crun, and the container's copy of them with its old root, which crun
-# detaches (a detach here cost each an RCU grace period, ~2.5 ms).
+# DIR/crun (a process is named after the file it was run as: `3`, run as `/proc/self/fd/3`). The
+# container keeps the mounts alive (the overlay holds its own copies of `lower` and `disk`); this
+# namespace, with its `lower` and `disk`, ends with crun, and the container's copies of them go with
+# its old root, which crun detaches (a detach here cost an RCU grace period each, ~2.5 ms).
 #
 # The idmapped mount: files owned by id N under BASE appear under `lower` as owned by HOST_ID + N
 # (N < COUNT), so a machine whose root is mapped to HOST_ID sees the shared base as its own, and the
@@ -169,7 +169,8 @@ sub move_tree {
             open my $in, "<", $source or fail("$source: $!");
             my $bytes = do { local $/; <$in> } // "";
             sysopen my $out, $target, $O_WRONLY | $O_CREAT | $O_EXCL, 0600 or fail("$target: $!");
-            (syswrite($out, $bytes) // -1) == length $bytes and close $out or fail("write $target: $!");
+            (syswrite($out, $bytes) // -1) == length $bytes or fail("write $target: $!");
+            close $out or fail("write $target: $!");
             unlink $source or fail("rm $source: $!");
         } else {
             fail("$source: neither a folder nor a file");

@@ -115,7 +115,7 @@ export const workspaceTemplate = (dir: string, bytes: number): Promise<string> =
   const under = making.get(path)
   if (under !== undefined) return under
   const made = (async () => {
-    await mkdir(dir, { recursive: true, mode: 0o700 })
+    await mkdir(dir, { recursive: true })
     await removeAbandoned(dir)
     const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`
     try {
