@@ -6,7 +6,7 @@
  * in the guest.
  */
 import { createHash, randomBytes } from "node:crypto"
-import { closeSync, existsSync, openSync, truncateSync } from "node:fs"
+import { closeSync, openSync, truncateSync, utimesSync } from "node:fs"
 import { chmod, mkdir, readdir, rename, rm, stat } from "node:fs/promises"
 import { basename, dirname, join, resolve } from "node:path"
 import { alive } from "../MachineDriver.ts"
@@ -86,12 +86,29 @@ export const workspace = async (
   )
 }
 
-/** Removes the templates half made in `dir` by processes that ended before they were done. */
-const removeAbandoned = async (dir: string) => {
+/** How many empty disks a templates folder keeps, the least recently used removed first. */
+export const KEPT_TEMPLATES = 8
+
+const TEMPLATE_NAME = /^workspace-\d+-[0-9a-f]+\.ext4$/
+
+/**
+ * Tidies the templates folder `dir` once `made` is in it: removes the templates half made by
+ * processes that ended before they were done, and all but the `KEPT_TEMPLATES` last used (a
+ * template's time is its last use). Machine sizes are few; tests' made-up sizes are not.
+ */
+const tidy = async (dir: string, made: string) => {
+  const kept: Array<{ readonly path: string; readonly used: number }> = []
   for (const name of await readdir(dir)) {
+    const path = join(dir, name)
     const pid = Number(/\.tmp-(\d+)-[0-9a-f]+$/.exec(name)?.[1])
-    if (Number.isInteger(pid) && !(await alive(pid))) await rm(join(dir, name), { force: true })
+    if (Number.isInteger(pid) && !(await alive(pid))) await rm(path, { force: true })
+    else if (TEMPLATE_NAME.test(name) && path !== made) {
+      const st = await stat(path).catch(() => undefined)
+      if (st !== undefined) kept.push({ path, used: st.mtimeMs })
+    }
   }
+  kept.sort((a, b) => b.used - a.used)
+  for (const { path } of kept.slice(KEPT_TEMPLATES - 1)) await rm(path, { force: true })
 }
 
 // Templates being made, by path: machines made meanwhile wait for the one mkfs.
@@ -107,16 +124,22 @@ const TEMPLATE_RECIPE = createHash("sha256")
  * of it (`machine-root.pl`: its ~270 KB of written blocks, of a 16 GiB disk), where a mkfs took ~12
  * ms of every machine's start, in a tool run of its own. Its name carries the mkfs arguments, so a
  * template made otherwise is never taken for it. Every disk copied from one template has that
- * template's filesystem UUID; nothing in a machine or on the host goes by it.
+ * template's filesystem UUID; nothing in a machine or on the host goes by it. Each use marks it
+ * used (its time), and the folder keeps the `KEPT_TEMPLATES` last used.
  */
 export const workspaceTemplate = (dir: string, bytes: number): Promise<string> => {
   const path = join(dir, `workspace-${bytes}-${TEMPLATE_RECIPE}.ext4`)
-  if (existsSync(path)) return Promise.resolve(path)
+  try {
+    const now = new Date()
+    utimesSync(path, now, now)
+    return Promise.resolve(path)
+  } catch {
+    // not made yet (or removed as the least used): made below
+  }
   const under = making.get(path)
   if (under !== undefined) return under
   const made = (async () => {
     await mkdir(dir, { recursive: true })
-    await removeAbandoned(dir)
     const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`
     try {
       sparseFile(tmp, bytes)
@@ -126,6 +149,7 @@ export const workspaceTemplate = (dir: string, bytes: number): Promise<string> =
     } finally {
       await rm(tmp, { force: true })
     }
+    await tidy(dir, path)
     return path
   })().finally(() => making.delete(path))
   making.set(path, made)
