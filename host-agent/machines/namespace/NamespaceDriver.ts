@@ -404,7 +404,6 @@ const seed = (dir: string, hostId: number, spec: MachineSpec, guestAddress: stri
       e.isDirectory() ? owned(join(path, e.name)) : lchownSync(join(path, e.name), hostId, hostId)
   }
   owned(root)
-  return root
 }
 
 /**

@@ -406,11 +406,16 @@ def memfd(name):
         return os.memfd_create(name, flags)
 
 
+def open_log(log):
+    """The tool's log, opened to append (made if missing)."""
+    return os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
 def not_started(tid, log, why):
     """Answers that a tool could not start; with a LOG, says why there too (what its reader sees)."""
     if log:
         try:
-            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_log(log)
             try:
                 os.write(fd, why + b"\n")
             finally:
@@ -442,7 +447,7 @@ def start(tid, log, data, env, cmd, *args):
             except OSError as e:  # nothing opened yet
                 return not_started(tid, log, b"spawn " + cmd + b": " + program + b" " + errno_name(e).encode())
         if log:
-            out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            out = open_log(log)
             opened.append(out)
             actions = [
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),

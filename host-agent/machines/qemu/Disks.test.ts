@@ -34,7 +34,9 @@ describe("the empty workspace disk of a size", () => {
     // Asked again, and twice at once for a new size: the same file, one mkfs each.
     expect(await workspaceTemplate(dir, 64 * MiB)).toBe(path)
     expect(statSync(path).ino).toBe(st.ino)
-    const [a, b] = await Promise.all([workspaceTemplate(dir, 32 * MiB), workspaceTemplate(dir, 32 * MiB)])
+    const [first, second] = [workspaceTemplate(dir, 32 * MiB), workspaceTemplate(dir, 32 * MiB)]
+    expect(second).toBe(first) // the one making, awaited by both
+    const [a, b] = await Promise.all([first, second])
     expect(a).toBe(b)
     expect(names()).toEqual([basename(a), basename(path)].sort())
   })

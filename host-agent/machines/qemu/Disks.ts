@@ -21,8 +21,8 @@ const exists = (path: string) =>
 
 const MKFS = ["-q", "-F", "-m", "0"] as const
 const LAZY = ["lazy_itable_init=1", "lazy_journal_init=1", "nodiscard"] as const
-const mkfs = (image: string, extra: ReadonlyArray<string>, extended: ReadonlyArray<string> = []) =>
-  run("mkfs.ext4", [...MKFS, "-E", [...LAZY, ...extended].join(","), ...extra, image])
+const mkfs = (image: string, extra: ReadonlyArray<string>) =>
+  run("mkfs.ext4", [...MKFS, "-E", LAZY.join(","), ...extra, image])
 
 /** A sparse file of `bytes` (synchronous: three steps on a new file, each waiting its turn else). */
 const sparseFile = (path: string, bytes: number) => {
@@ -69,21 +69,10 @@ export const overlay = (path: string, base: string) =>
 // 1,079 → 53 writes).
 const WORKSPACE_FS = ["-L", "workspace", "-O", "^resize_inode"] as const
 
-/**
- * An ext4 disk of `bytes` at `path` (sparse: only what is written takes space), empty or holding a
- * copy of the folder `seed`, its root owned by `owner` (a machine's root on the host) when given.
- */
-export const workspace = async (
-  path: string,
-  bytes: number,
-  options: { readonly seed?: string; readonly owner?: number } = {},
-) => {
+/** An empty ext4 disk of `bytes` at `path` (sparse: only what is written takes space). */
+export const workspace = async (path: string, bytes: number) => {
   sparseFile(path, bytes)
-  await mkfs(
-    path,
-    [...WORKSPACE_FS, ...(options.seed === undefined ? [] : ["-d", options.seed])],
-    options.owner === undefined ? [] : [`root_owner=${options.owner}:${options.owner}`],
-  )
+  await mkfs(path, WORKSPACE_FS)
 }
 
 /** How many empty disks a templates folder keeps, the least recently used removed first. */
@@ -142,8 +131,7 @@ export const workspaceTemplate = (dir: string, bytes: number): Promise<string> =
     await mkdir(dir, { recursive: true })
     const tmp = `${path}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`
     try {
-      sparseFile(tmp, bytes)
-      await mkfs(tmp, WORKSPACE_FS)
+      await workspace(tmp, bytes)
       await chmod(tmp, 0o444)
       await rename(tmp, path)
     } finally {
