@@ -261,28 +261,50 @@ export const toFavorDynmods = (mountinfo: string): Array<Remount> =>
       options: ["remount", ...m.superOptions.filter((o) => o !== "rw"), "favordynmods"].join(","),
     }))
 
-let favoring: Promise<void> | undefined
-
 /**
- * Readies the host's cgroups once per process: moving a process into a group (crun puts each new
- * machine into a dozen, and each command's wrapper moves into its own) waits by default for an
+ * Readies the host's cgroups for a machine's start: moving a process into a group (crun puts each
+ * new machine into a dozen, and each command's wrapper moves into its own) waits by default for an
  * RCU grace period, 6–15 ms on this kernel, paid by every machine's start. The cgroup2 option
  * `favordynmods` (Linux 6.0) trades that for a little more work in fork and exit: a move then
  * takes ~0.3 ms. It is a kernel-wide setting, turned on through any cgroup2 mount (on a hybrid
- * host, `/sys/fs/cgroup/unified`; Linux 6.18 keeps it on until the next boot). A host with no
- * cgroup2 mount, or that refuses, keeps the default: machines start, only slower.
+ * host, `/sys/fs/cgroup/unified`), and turned off again by any later mount of cgroup2 made
+ * without it: lxcfs makes one each time it starts (the first machine's start may be what starts
+ * it), and so may other programs of the host. So each machine's start looks (one read of
+ * `mountinfo`, ~0.1 ms) and turns it on again when it finds it off. A host with no cgroup2 mount,
+ * or that refuses, keeps the default: machines start, only slower.
+ *
+ * `favorer` makes one for a `mountinfo` file and a way to run `mount` (tests give their own);
+ * `favorDynamicChanges` is the process's.
  */
-export const favorDynamicChanges = (): Promise<void> => {
-  favoring ??= (async () => {
-    const remounts = toFavorDynmods(readText("/proc/self/mountinfo") ?? "")
-    // One is enough (the setting is the kernel's); the first that takes it.
-    for (const r of remounts) {
-      const done = await run("mount", ["-o", r.options, r.mountPoint]).then(
-        () => true,
-        () => false,
-      )
-      if (done) return
-    }
-  })()
-  return favoring
+export const favorer = (
+  mountinfo: string,
+  mount = (args: ReadonlyArray<string>): Promise<unknown> => run("mount", [...args]),
+): (() => Promise<void>) => {
+  /** A remount under way, which every start that finds the setting off waits for. */
+  let favoring: Promise<void> | undefined
+  /** Set once the kernel did not take it (the remount failed, or left it off): tried no more. */
+  let refused = false
+  return () => {
+    if (favoring !== undefined || refused) return favoring ?? Promise.resolve()
+    const remounts = toFavorDynmods(readText(mountinfo) ?? "")
+    if (remounts.length === 0) return Promise.resolve()
+    const now = (async () => {
+      // One is enough (the setting is the kernel's); the first that takes it.
+      for (const r of remounts) {
+        const done = await mount(["-o", r.options, r.mountPoint]).then(
+          () => true,
+          () => false,
+        )
+        // A remount from outside the host's cgroup namespace succeeds and changes nothing.
+        if (done && toFavorDynmods(readText(mountinfo) ?? "").length === 0) return
+      }
+      refused = true
+    })().finally(() => {
+      favoring = undefined
+    })
+    favoring = now
+    return now
+  }
 }
+
+export const favorDynamicChanges = favorer("/proc/self/mountinfo")

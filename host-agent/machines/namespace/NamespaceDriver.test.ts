@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs"
-import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises"
 import { type AddressInfo, createConnection, createServer, type Server } from "node:net"
 import { tmpdir } from "node:os"
 import { basename, join } from "node:path"
@@ -100,13 +100,33 @@ describe("the host's cgroups favor dynamic changes", () => {
     expect(Cgroups.toFavorDynmods("")).toEqual([])
   })
 
-  it("has turned it on once a machine is made, the mount's other options as they were", async () => {
+  it("turns it on again for a machine's start when a mount of cgroup2 without it (as lxcfs makes at its start) turned it off", async () => {
+    // What lxcfs does at each start, in its own mount namespace: the kernel applies a new mount's
+    // options, favordynmods absent, to the whole host.
+    const dir = await mkdtemp(join(tmpdir(), "hangar-cgroup2-"))
+    try {
+      const off = spawnSync(
+        "unshare",
+        [
+          "-m",
+          "sh",
+          "-c",
+          `mount --make-rprivate / && mount -t cgroup2 none ${dir} && cat /proc/self/mountinfo`,
+        ],
+        { encoding: "utf8" },
+      )
+      expect(off.status, off.stderr).toBe(0)
+      // Seen before any other file's machine could turn it on again.
+      const mounted = mountsOf(off.stdout).find((m) => m.point === dir)
+      expect(mounted?.superOptions).not.toContain("favordynmods")
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
     const before = cgroup2Mounts()
     await withMachine(spec("favor"), async (m) => {
       expect((await m.bash("true")).exit_code).toBe(0)
     })
     const after = cgroup2Mounts()
-    // What a failure shows (it failed once beside other files making machines, cause unknown).
     const seen = JSON.stringify({ before, after })
     // A host without cgroup2 has nothing to turn on; this one has its hybrid layout's `unified`.
     expect(after.length, seen).toBeGreaterThan(0)
@@ -114,14 +134,50 @@ describe("the host's cgroups favor dynamic changes", () => {
       after.map((m) => m.point),
       seen,
     ).toEqual(before.map((m) => m.point))
-    expect(
-      after.some((m) => m.superOptions.includes("favordynmods")),
-      seen,
-    ).toBe(true)
     for (const [i, m] of after.entries()) {
+      expect(m.superOptions, seen).toContain("favordynmods")
       expect(m.options, seen).toEqual(before[i]?.options)
       for (const o of before[i]?.superOptions ?? [])
         expect(m.superOptions.includes(o), `${m.point}: ${o}`).toBe(true)
+    }
+  })
+
+  it("looks at each start, remounts only when it is off, and tries no more once the kernel refuses", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "hangar-cgroup2-"))
+    try {
+      const mountinfo = join(dir, "mountinfo")
+      const tried: Array<ReadonlyArray<string>> = []
+      const counted = (args: ReadonlyArray<string>) => {
+        tried.push(args)
+        return run("mount", args)
+      }
+      const line = (point: string, superOptions: string) =>
+        `40 30 0:37 / ${point} rw,relatime - cgroup2 cgroup2 ${superOptions}\n`
+
+      // On: nothing to do, however often asked.
+      await writeFile(mountinfo, line("/sys/fs/cgroup/unified", "rw,favordynmods"))
+      const favor = Cgroups.favorer(mountinfo, counted)
+      await Promise.all([favor(), favor()])
+      expect(tried).toEqual([])
+
+      // A folder that is no mount: mount fails once, and is not run again.
+      const notMounted = join(dir, "not-mounted")
+      await mkdir(notMounted)
+      await writeFile(mountinfo, line(notMounted, "rw,nsdelegate"))
+      await Promise.all([favor(), favor()])
+      await favor()
+      expect(tried).toEqual([["-o", "remount,nsdelegate,favordynmods", notMounted]])
+
+      // A remount that succeeds and leaves it off (as from outside the host's cgroup namespace):
+      // the host's own mount, whose setting this file does not show, taken once and no more.
+      const other = Cgroups.favorer(mountinfo, counted)
+      tried.length = 0
+      await writeFile(mountinfo, line("/sys/fs/cgroup/unified", "rw"))
+      await other()
+      await other()
+      expect(tried).toEqual([["-o", "remount,favordynmods", "/sys/fs/cgroup/unified"]])
+    } finally {
+      await rm(dir, { recursive: true, force: true })
     }
   })
 })

@@ -444,8 +444,6 @@ const createNow = async (
   // The machine's network rules, placed while its disk and container are made (they match its
   // interface by name); awaited before the machine is handed out, and before any cleanup.
   let rules: Promise<void> | undefined
-  // Once per process, while the disk is made; awaited before crun puts the machine in its groups.
-  const favored = Cgroups.favorDynamicChanges()
   try {
     // Searchable by all: the container's own root (an unprivileged id) reaches its mounts through it.
     await machineFolder(s.machinesDir, spec.id, spec.owner, 0o755) // fails if the id is in use
@@ -505,7 +503,9 @@ const createNow = async (
         }),
       ),
     )
-    await favored
+    // Looked at once lxcfs is known to serve (its start turns the setting off), before crun puts
+    // the machine in its groups.
+    await Cgroups.favorDynamicChanges()
     const code = await launch(
       "perl",
       [machineRoot, dir, template, spec.base, String(hostId), String(Oci.ID_COUNT), crunRoot(s), spec.id],
