@@ -267,10 +267,11 @@ export const toFavorDynmods = (mountinfo: string): Array<Remount> =>
  * RCU grace period, 6–15 ms on the kernels it was measured on, paid by every machine's start. The
  * cgroup2 option `favordynmods` (Linux 6.0) trades that for a little more work in fork and exit: a
  * move then takes ~0.3 ms. (Linux 6.18.44 no longer waits: a move there is ~0.1 ms either way, as
- * is a machine's start; Debian 12's kernel, 6.1, has the wait the option was added for.) It is a kernel-wide setting, turned on through any cgroup2 mount (on a hybrid
- * host, `/sys/fs/cgroup/unified`), and turned off again by any later mount of cgroup2 made
- * without it: lxcfs makes one each time it starts (the first machine's start may be what starts
- * it), and so may other programs of the host. So each machine's start looks (one read of
+ * is a machine's start; Debian 12's kernel, 6.1, has the wait the option was added for.) It is a
+ * kernel-wide setting, turned on through any cgroup2 mount (on a hybrid host,
+ * `/sys/fs/cgroup/unified`), and turned off again by any later mount of cgroup2 made without it:
+ * lxcfs makes one each time it starts (the first machine's start may be what starts it), and so
+ * may other programs of the host. So each machine's start looks (one read of
  * `mountinfo`, ~0.1 ms) and turns it on again when it finds it off. A host with no cgroup2 mount,
  * or that refuses, keeps the default: machines start, only slower.
  *
