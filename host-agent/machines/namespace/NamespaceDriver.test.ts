@@ -111,12 +111,13 @@ describe("the host's cgroups favor dynamic changes", () => {
           "-m",
           "sh",
           "-c",
-          `mount --make-rprivate / && mount -t cgroup2 none ${dir} && cat /proc/self/mountinfo`,
+          // Read by the shell itself, no program started between the mount and the read: another
+          // file's machine start may turn it on again at any time.
+          `mount --make-rprivate / && mount -t cgroup2 none ${dir} && while IFS= read -r l; do printf '%s\\n' "$l"; done < /proc/self/mountinfo`,
         ],
         { encoding: "utf8" },
       )
       expect(off.status, off.stderr).toBe(0)
-      // Seen before any other file's machine could turn it on again.
       const mounted = mountsOf(off.stdout).find((m) => m.point === dir)
       expect(mounted?.superOptions).not.toContain("favordynmods")
     } finally {
