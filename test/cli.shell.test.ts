@@ -31,8 +31,16 @@ const server = `hangar-shell-test-${process.pid}-${randomBytes(4).toString("hex"
 const sessions: Array<string> = []
 /** The server's socket file (tmux leaves it behind when its last session ends). */
 let socket: string | undefined
+/**
+ * A command to that server. It reads no configuration file (nothing of the host's tmux setup
+ * changes what a pane does), and a pane whose shell ends stays, dead, with its status and screen
+ * (`remain-on-exit`): a pane that ends too soon is told, not only its terminal gone.
+ */
 const tmux = (...args: Array<string>): string =>
-  execFileSync("tmux", ["-L", server, ...args], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] })
+  execFileSync("tmux", ["-f", "/dev/null", "-L", server, ...args], {
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "pipe"],
+  })
 
 const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`
 
@@ -54,11 +62,39 @@ const terminal = (args: ReadonlyArray<string>) => {
   const name = `shell-${sessions.length}-${randomBytes(3).toString("hex")}`
   const vars = Object.entries(env).map(([k, v]) => `${k}=${quote(v)}`)
   const line = `env ${vars.join(" ")} ${quote(process.execPath)} ${quote(bin)} ${args.map(quote).join(" ")}; echo "EXIT=$?"; sleep 30`
-  tmux("new-session", "-d", "-s", name, "-x", "100", "-y", "30", line)
+  tmux(
+    "start-server",
+    ";",
+    "set-option",
+    "-g",
+    "remain-on-exit",
+    "on",
+    ";",
+    "new-session",
+    "-d",
+    "-s",
+    name,
+    "-x",
+    "100",
+    "-y",
+    "30",
+    line,
+  )
   sessions.push(name)
   socket ??= tmux("display-message", "-p", "-t", name, "#{socket_path}").trim()
-  const tty = tmux("display-message", "-p", "-t", name, "#{pane_tty}").trim()
+  // The pane's terminal as its shell holds it: the same device whatever this process's /dev/pts.
+  const tty = `/proc/${tmux("display-message", "-p", "-t", name, "#{pane_pid}").trim()}/fd/0`
   const screen = () => tmux("capture-pane", "-p", "-J", "-S", "-", "-t", name)
+  /** The pane as tmux sees it, and its screen (for a failure's message). */
+  const pane = () => {
+    try {
+      const format =
+        "pane #{pane_tty}: shell #{pane_pid}, dead #{pane_dead} (status #{pane_dead_status}, signal #{pane_dead_signal})"
+      return `${tmux("list-panes", "-t", name, "-F", format)}${screen()}`
+    } catch (e) {
+      return `no pane: ${(e as Error).message}`
+    }
+  }
   const self = {
     name,
     screen,
@@ -79,7 +115,16 @@ const terminal = (args: ReadonlyArray<string>) => {
     },
     keys: (...keys: Array<string>) => tmux("send-keys", "-t", name, ...keys),
     /** The local terminal's settings (`stty -a` of the pane's tty). */
-    mode: () => execFileSync("stty", ["-a", "-F", tty], { encoding: "utf8" }),
+    mode: () => {
+      try {
+        return execFileSync("stty", ["-a", "-F", tty], {
+          encoding: "utf8",
+          stdio: ["ignore", "pipe", "pipe"],
+        })
+      } catch (e) {
+        throw new Error(`${(e as Error).message}\n${pane()}`)
+      }
+    },
     /** Waits until the CLI has the local terminal in raw mode: the session is open. */
     open: () =>
       until(
