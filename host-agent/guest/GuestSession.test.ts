@@ -7,7 +7,7 @@ import { scopedOn } from "../machines/MachineDriver.ts"
 import { make } from "../machines/namespace/NamespaceDriver.ts"
 import { leftovers, newKeys, testDriverSettings, testId } from "../machines/namespace/testing.ts"
 import { READ_MAX_BYTES } from "./Files.ts"
-import { type BashArgs, connect, type GuestSession } from "./GuestSession.ts"
+import { type BashArgs, connect, type GuestEndpoint, type GuestSession } from "./GuestSession.ts"
 import { IMAGE_MAX_BYTES } from "./Images.ts"
 import { testGuest } from "./testing.ts"
 
@@ -16,6 +16,8 @@ const keys = newKeys()
 const id = testId("guest")
 let scope: Scope.CloseableScope
 let guest: GuestSession
+/** The machine's SSH endpoint with the key `guest` logs in with (for more sessions to it). */
+let endpoint: GuestEndpoint
 
 beforeAll(async () => {
   const base = await ensureTestBase()
@@ -32,7 +34,8 @@ beforeAll(async () => {
           // A small memory limit so the OOM case is quick.
           override: { memoryBytes: 256 * 1024 * 1024 },
         })
-        return yield* connect({ ...machine.ssh, privateKey: keys.client.private })
+        endpoint = { ...machine.ssh, privateKey: keys.client.private }
+        return yield* connect(endpoint)
       }),
       scope,
     ),
@@ -223,6 +226,36 @@ describe("a session taking a machine over (clearLeftovers)", () => {
       expect(await tg.close()).toEqual([])
     }
   }, 120_000)
+})
+
+describe("the file channel", () => {
+  // The machine's SFTP sessions: each is a child of sshd titled `sshd: root@internal-sftp`.
+  const sftpSessions = async () =>
+    Number(
+      (
+        await bash(
+          `n=0; for f in /proc/[0-9]*/cmdline; do IFS= read -r -d '' c < "$f" 2>/dev/null; [[ $c == *@internal-sftp* ]] && n=$((n + 1)); done; echo $n`,
+        )
+      ).output,
+    )
+
+  it("opens with a session's first file command, not with its connect: a session that reads no file holds no SFTP session", async () => {
+    const before = await sftpSessions()
+    const s = Effect.runSync(Scope.make())
+    try {
+      const other = await run(Scope.extend(connect(endpoint), s))
+      expect(await run(other.bash({ command: "echo ran" }))).toMatchObject({ exit_code: 0, output: "ran\n" })
+      expect(await sftpSessions()).toBe(before)
+      expect(await run(other.list({ path: "." }))).toMatchObject({ truncated: false })
+      expect(await sftpSessions()).toBe(before + 1)
+      // Its later calls use the one it opened.
+      await run(other.write({ file_path: "channel.txt", content: "one\n" }))
+      expect(await run(other.read({ file_path: "channel.txt" }))).toEqual({ output: "one\n" })
+      expect(await sftpSessions()).toBe(before + 1)
+    } finally {
+      await run(Scope.close(s, Exit.void))
+    }
+  })
 })
 
 describe("read", () => {

@@ -589,11 +589,12 @@ export const connect = (
       )
       return opening
     }
-    // Both opened now, not awaited: the first file call and the first command find them open or
-    // opening (a file channel that failed to open is opened again by the next call). Awaiting the
-    // file channel cost a connect ~45 ms: the guest's sshd does not turn Nagle off for a session
-    // without a terminal, so its answers wait on this side's delayed ACK.
-    fileChannel().catch(() => undefined)
+    // The first command's wrapper is opened now, not awaited: the first command finds it open or
+    // opening. The file channel is opened by the first file call (a file channel that failed to
+    // open is opened again by the next one): opened with every session, it cost each machine that
+    // never reads a file an SFTP session in its sshd (~12 ms of the machine's CPU a run, one
+    // command and no file, `bench/runs.ts`), for ~7 ms on the first file call of a session that
+    // does (its open, measured on one machine: first read 10–15 ms against 4–7).
     if (options.clearLeftovers !== true) wrappers.prime()
     // A call sent on a channel that was already closing (the machine closed it for an earlier
     // request) is tried once more on a new one when doing it twice is harmless: read, list, and
