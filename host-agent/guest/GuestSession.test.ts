@@ -157,8 +157,9 @@ describe("bash", () => {
   })
 
   it("a waiting wrapper killed (the OOM killer's first pick) costs the next command nothing: it runs whole", async () => {
-    // Between commands the only processes in command slots are the session's waiting wrapper.
-    const killWaiting = `for cg in /sys/fs/cgroup/memory/p*; do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -gt 0 ] && kill -9 "\${ps[@]}"; done; true`
+    // Between commands the only processes in command slots are the session's waiting wrapper
+    // (opened as the command before is over): killed once it is in its slot; exit 1 if it never is.
+    const killWaiting = `for ((j = 0; j < 400; j++)); do for cg in /sys/fs/cgroup/memory/p*; do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -gt 0 ] && { kill -9 "\${ps[@]}"; exit 0; }; done; sleep 0.005; done; exit 1`
     for (let i = 0; i < 5; i++) {
       expect((await bash("true")).exit_code).toBe(0)
       const { channel, exit } = await run(guest.channel(killWaiting))
@@ -172,6 +173,27 @@ describe("bash", () => {
         oom_killed: false,
       })
     }
+  })
+
+  it("opens the next command's wrapper once a command is over, not beside it: a running command has the slots to itself", async () => {
+    // The slots holding processes, each on a line.
+    const busySlots = `for cg in /sys/fs/cgroup/memory/p*; do mapfile -t ps < "$cg/cgroup.procs"; [ \${#ps[@]} -gt 0 ] && echo "\${cg##*/}"; done; true`
+    expect((await bash("true")).exit_code).toBe(0)
+    for (let i = 0; i < 3; i++) {
+      // Long enough for a wrapper opened as it started to be in its slot by the time it looks.
+      const running = await bash(`sleep 0.3; ${busySlots}`)
+      expect(running.output.trim().split("\n")).toHaveLength(1)
+    }
+    // Once it is over, the next wrapper waits in a slot of its own.
+    const { channel, exit } = await run(
+      guest.channel(
+        `for ((j = 0; j < 400; j++)); do [ -n "$(${busySlots})" ] && exit 0; sleep 0.005; done; exit 1`,
+      ),
+    )
+    channel.resume()
+    channel.stderr.resume()
+    channel.end()
+    expect((await exit).code).toBe(0)
   })
 
   it("runs commands concurrently", async () => {
