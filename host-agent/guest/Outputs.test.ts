@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { SealStream } from "../../core/SealStream.ts"
 import { storageRuntime } from "../../test/harness/NatsServer.ts"
 import { uniqueName } from "../../test/harness/names.ts"
-import { type Compressor, checkManifest, pack } from "./Outputs.ts"
+import { type Compressor, checkManifest, list, pack } from "./Outputs.ts"
 import { store, type TestGuest, testGuest } from "./testing.ts"
 
 const ACC = "acc_0000000000000000000000000b"
@@ -108,6 +108,54 @@ describe("outputs", () => {
     expect(packed.files[0]).toEqual({ path: "f0001", bytes: 5, dir: false })
     expect(packed.files[999]?.path).toBe("f1000")
     expect(tarList(opened)).toHaveLength(1002)
+  })
+
+  it("sorts by the path's bytes, as LC_ALL=C sort: capitals first, a newline before a space, UTF-8 last", async () => {
+    await sh(
+      "rm -rf /workspace/out; mkdir -p /workspace/out/Z; cd /workspace/out; : > a; : > B; : > Z/x; : > 'a b'; : > $'a\\nb'; echo é > é",
+    )
+    const listing = await Effect.runPromise(list(t.guest))
+    expect(listing.files.map((f) => f.path)).toEqual(["B", "Z", "Z/x", "a", "a\nb", "a b", "é"])
+    expect(listing.files.at(-1)).toEqual({ path: "é", bytes: 3, dir: false })
+    expect(listing.file_count).toBe(7)
+  })
+
+  it("of 2,500 entries lists the first 1,000 by path and counts them all", async () => {
+    // Made in reverse, so the first by path are found last (ext4 gives its own order anyway).
+    await sh(
+      "rm -rf /workspace/out; mkdir -p /workspace/out; cd /workspace/out; for i in $(seq -w 2500 -1 1); do : > f$i; done",
+    )
+    const listing = await Effect.runPromise(list(t.guest))
+    expect(listing.file_count).toBe(2500)
+    expect(listing.files.map((f) => f.path)).toEqual(
+      Array.from({ length: 1000 }, (_, i) => `f${String(i + 1).padStart(4, "0")}`),
+    )
+  })
+
+  describe("a listing program the tenant replaced (a find earlier on PATH)", () => {
+    const fake = (body: string) =>
+      sh(`printf '%s\\n' '#!/bin/bash' '${body}' > /usr/local/bin/find && chmod +x /usr/local/bin/find`)
+    afterAll(() => sh("rm -f /usr/local/bin/find"))
+
+    it("a record without its end fails the listing at 8 KiB, without waiting for the rest", async () => {
+      await fake('head -c 10000 /dev/zero | tr "\\0" a; exec sleep 600')
+      const exit = await Effect.runPromiseExit(list(t.guest))
+      expect(String(exit)).toContain("output listing: a record over 8192 bytes")
+    })
+
+    it("status 1 (an entry it could not read) lists what it found; any other status fails", async () => {
+      await fake('printf "f 3 kept\\0"; exit 1')
+      expect(await Effect.runPromise(list(t.guest))).toEqual({
+        files: [{ path: "kept", bytes: 3, dir: false }],
+        file_count: 1,
+      })
+      await fake('printf "f 3 kept\\0"; echo broken >&2; exit 2')
+      expect(String(await Effect.runPromiseExit(list(t.guest)))).toContain(
+        "output listing failed (exit 2): broken",
+      )
+      await fake('printf "f 3 cut"')
+      expect(String(await Effect.runPromiseExit(list(t.guest)))).toContain("output listing failed (exit 0)")
+    })
   })
 
   it("reports output manifest problems, with max_bytes checked at the boundary", async () => {
