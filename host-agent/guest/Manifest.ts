@@ -35,6 +35,10 @@ while IFS= read -r -d '' p; do
 done
 `
 
+/**
+ * What is wrong with `entry` given what is at its path: `n` (nothing), `l` (a link), `o` (neither
+ * file nor folder), `f <size>`, `d <sum of the files inside>`; undefined when it matches.
+ */
 const problemOf = (entry: ManifestEntryLike, answer: string): string | undefined => {
   const folder = entry.path.endsWith("/")
   const [kind, sizeText] = answer.split(" ")
@@ -51,6 +55,19 @@ const problemOf = (entry: ManifestEntryLike, answer: string): string | undefined
   return undefined
 }
 
+/** Fails unless every path of `manifest` stays in its folder (the schema refuses others already). */
+export const relative = (
+  manifest: ReadonlyArray<ManifestEntryLike>,
+): Effect.Effect<void, GuestUnavailable> => {
+  for (const e of manifest) {
+    // A path leaving the folder must never be looked at.
+    const parts = e.path.split("/")
+    if (e.path.startsWith("/") || e.path.includes("\0") || parts.includes(".."))
+      return new GuestUnavailable({ detail: `manifest path ${JSON.stringify(e.path)} is not relative` })
+  }
+  return Effect.void
+}
+
 /** The problems of folder `root` against `manifest`, in manifest order; empty when it matches. */
 export const check = (
   guest: GuestSession,
@@ -59,14 +76,7 @@ export const check = (
 ): Effect.Effect<ReadonlyArray<ManifestProblem>, GuestUnavailable> =>
   Effect.gen(function* () {
     if (manifest.length === 0) return []
-    for (const e of manifest) {
-      // The schema refuses these already; a path leaving the folder must never be looked at.
-      const parts = e.path.split("/")
-      if (e.path.startsWith("/") || e.path.includes("\0") || parts.includes(".."))
-        return yield* new GuestUnavailable({
-          detail: `manifest path ${JSON.stringify(e.path)} is not relative`,
-        })
-    }
+    yield* relative(manifest)
     const input = Buffer.from(manifest.map((e) => `${e.path}\0`).join(""), "utf8")
     const r = yield* collect(guest, script(root), input)
     const answers = r.stdout.toString("utf8").split("\n")
@@ -74,10 +84,18 @@ export const check = (
       return yield* new GuestUnavailable({
         detail: `manifest check exited ${r.code}: ${r.stderr.slice(-500)}`,
       })
-    const problems: Array<ManifestProblem> = []
-    for (const [i, entry] of manifest.entries()) {
-      const detail = problemOf(entry, answers[i] ?? "n")
-      if (detail) problems.push({ path: entry.path, detail: `${entry.path}: ${detail}` })
-    }
-    return problems
+    return problemsOf(manifest, (_, i) => answers[i] ?? "n")
   })
+
+/** The problems of `manifest` given each entry's answer (`problemOf`), in manifest order. */
+export const problemsOf = (
+  manifest: ReadonlyArray<ManifestEntryLike>,
+  answerOf: (entry: ManifestEntryLike, index: number) => string,
+): ReadonlyArray<ManifestProblem> => {
+  const problems: Array<ManifestProblem> = []
+  for (const [i, entry] of manifest.entries()) {
+    const detail = problemOf(entry, answerOf(entry, i))
+    if (detail) problems.push({ path: entry.path, detail: `${entry.path}: ${detail}` })
+  }
+  return problems
+}

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { SealStream } from "../../core/SealStream.ts"
 import { storageRuntime } from "../../test/harness/NatsServer.ts"
 import { uniqueName } from "../../test/harness/names.ts"
-import { type Compressor, checkManifest, list, pack } from "./Outputs.ts"
+import { type Compressor, inspect, list, pack } from "./Outputs.ts"
 import { store, type TestGuest, testGuest } from "./testing.ts"
 
 const ACC = "acc_0000000000000000000000000b"
@@ -162,8 +162,8 @@ describe("outputs", () => {
     await sh(
       "rm -rf /workspace/out; mkdir -p /workspace/out/data; head -c 100 /dev/zero > /workspace/out/report.txt; head -c 50 /dev/zero > /workspace/out/data/x; ln -s report.txt /workspace/out/link",
     )
-    const check = (manifest: ReadonlyArray<{ path: string; max_bytes: number }>) =>
-      Effect.runPromise(checkManifest(t.guest, manifest))
+    const check = async (manifest: ReadonlyArray<{ path: string; max_bytes: number }>) =>
+      (await Effect.runPromise(inspect(t.guest, manifest))).problems
     expect(
       await check([
         { path: "report.txt", max_bytes: 100 },
@@ -185,5 +185,55 @@ describe("outputs", () => {
       { path: "charts/", detail: "charts/: folder missing" },
       { path: "link", detail: "link: is a link, not a file" },
     ])
+  })
+
+  it("answers the manifest and lists the folder in one pass, as the archive has them: links not followed", async () => {
+    await sh(
+      [
+        "rm -rf /workspace/out /workspace/elsewhere; mkdir -p /workspace/out/d/e /workspace/out/dd /workspace/elsewhere",
+        "cd /workspace/out; head -c 10 /dev/zero > d/a; head -c 20 /dev/zero > d/e/b; head -c 40 /dev/zero > dd/c",
+        "head -c 7 /dev/zero > /workspace/elsewhere/f; ln -s /workspace/elsewhere linked; ln -s d/a alink; mkfifo pipe",
+      ].join("; "),
+    )
+    const { problems, listing } = await Effect.runPromise(
+      inspect(t.guest, [
+        // Every regular file anywhere inside, none of the folder `dd` that only starts alike.
+        { path: "d/", max_bytes: 29 },
+        { path: "d/e/", max_bytes: 19 },
+        { path: "d/e/b", max_bytes: 20 },
+        // Through a linked folder is not in the folder (the archive keeps the link only).
+        { path: "linked/f", max_bytes: 100 },
+        { path: "linked/", max_bytes: 100 },
+        { path: "alink", max_bytes: 100 },
+        { path: "pipe", max_bytes: 100 },
+        { path: "pipe/", max_bytes: 100 },
+        { path: "d/a/", max_bytes: 100 },
+        { path: "d/e", max_bytes: 100 },
+      ]),
+    )
+    expect(problems.map((p) => p.detail)).toEqual([
+      "d/: holds 30 bytes, more than its max_bytes 29",
+      "d/e/: holds 20 bytes, more than its max_bytes 19",
+      "linked/f: missing",
+      "linked/: is a link, not a folder",
+      "alink: is a link, not a file",
+      "pipe: is not a regular file",
+      "pipe/: is not a regular folder",
+      "d/a/: is a file, not a folder",
+      "d/e: is a folder, not a file",
+    ])
+    // Files and folders only; the links and the pipe are not listed nor counted.
+    expect(listing).toEqual({
+      files: [
+        { path: "d", bytes: 0, dir: true },
+        { path: "d/a", bytes: 10, dir: false },
+        { path: "d/e", bytes: 0, dir: true },
+        { path: "d/e/b", bytes: 20, dir: false },
+        { path: "dd", bytes: 0, dir: true },
+        { path: "dd/c", bytes: 40, dir: false },
+      ],
+      file_count: 6,
+    })
+    await sh("rm -rf /workspace/elsewhere")
   })
 })

@@ -846,10 +846,16 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             "finish",
             detail,
           )
-        const packOutput = Outputs.pack(guest, { store: outputs, account: run.account, name: runId }).pipe(
-          // Packed again (into the same object) while the store is away; the guest's files stay.
-          whileStoreAway,
-        )
+        // With the listing of the check just made, when there was one.
+        const packOutput = (listing?: Outputs.OutputListing) =>
+          Outputs.pack(
+            guest,
+            { store: outputs, account: run.account, name: runId },
+            listing === undefined ? {} : { listing },
+          ).pipe(
+            // Packed again (into the same object) while the store is away; the guest's files stay.
+            whileStoreAway,
+          )
         const succeed = (packed: Outputs.PackedOutput, detail: string | undefined) =>
           Effect.flatMap(now, (at) =>
             send(
@@ -881,7 +887,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
             if (record.kind !== "finish") return
             const args = record.arguments
             if (args.state === "failed") return yield* finishFailed(args.detail)
-            const packed = yield* packOutput.pipe(
+            const packed = yield* packOutput().pipe(
               Effect.tapError((e) =>
                 fail("infrastructure", `packing the output failed: ${describe(e)}`, "pack"),
               ),
@@ -948,7 +954,8 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               })
               return yield* finishFailed(args.detail)
             }
-            const problems = yield* Outputs.checkManifest(guest, version.output_manifest)
+            // The manifest is checked and the folder listed in one pass; the archive follows.
+            const { problems, listing } = yield* Outputs.inspect(guest, version.output_manifest)
             if (problems.length > 0) {
               const list = problems.map((p) => p.detail)
               yield* log.append("finish", {
@@ -964,7 +971,7 @@ export const start = (run: StoredRun, earlier?: Kept): Effect.Effect<RunMachine,
               })
             }
             finished = true
-            const packed = yield* packOutput.pipe(
+            const packed = yield* packOutput(listing).pipe(
               Effect.tapError((e) =>
                 Effect.zipRight(
                   finishRecord(t, { state: "failed", error: `packing the output failed: ${describe(e)}` }),
