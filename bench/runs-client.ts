@@ -12,9 +12,10 @@
  * blocks, each between `{ block: "start" }` and `{ block: "end", size }` (its command count) and
  * followed by a wait for any message from the parent; then as many commands sent in one request
  * (`POST …/commands?wait=25`, the create answering the ended command) in blocks marked
- * `{ phase: "one" }`; and at last `{ first, paced, pacedMs, rtt, rttOne }`: milliseconds from
- * `POST …/runs` to the first `bash true` result with runs one after another, and again with a run
- * started every `pacedMs`; and per command round trip, in two requests and in one.
+ * `{ phase: "one" }`; and at last `{ first, paced, pacedMs, succeeded, rtt, rttOne }`:
+ * milliseconds from `POST …/runs` to the first `bash true` result with runs one after another, and
+ * again with a run started every `pacedMs`; from a finish (`succeeded`, its output written) to its
+ * answer, a run every `pacedMs` or so; and per command round trip, in two requests and in one.
  */
 import { Agent, request } from "node:http"
 
@@ -137,6 +138,36 @@ for (let i = 0; i < Math.ceil(Number(runsArg) / 2); i++) {
   await new Promise((ok) => setTimeout(ok, Math.max(0, pacedMs - (performance.now() - t0))))
 }
 
+// Runs that succeed, paced as above: the output file the function's manifest names is written,
+// then the finish (`succeeded`) is sent in one request, which answers once the folder is checked,
+// listed, packed and stored; the time from it to its answer.
+const succeeded: Array<number> = []
+for (let i = 0; i < Math.ceil(Number(runsArg) / 3); i++) {
+  const run = await start()
+  const wrote = await api("POST", `/v1/runs/${run}/commands?wait=25`, {
+    kind: "bash",
+    arguments: { command: "echo done > /workspace/out/result.txt" },
+  })
+  if (wrote.state !== "succeeded") throw new Error(`writing the output answered ${JSON.stringify(wrote)}`)
+  await new Promise((ok) => setTimeout(ok, pacedMs / 2))
+  const t0 = performance.now()
+  const done = await api("POST", `/v1/runs/${run}/commands?wait=25`, {
+    kind: "finish",
+    arguments: { state: "succeeded" },
+  })
+  succeeded.push(performance.now() - t0)
+  const result = done.result as Json | undefined
+  if (done.state !== "succeeded" || result?.accepted !== true)
+    throw new Error(`the finish answered ${JSON.stringify(done)}`)
+  for (;;) {
+    const r = await api("GET", `/v1/runs/${run}`)
+    if (r.state === "succeeded") break
+    if (r.state === "failed") throw new Error(`the run failed: ${JSON.stringify(r)}`)
+    await new Promise((ok) => setTimeout(ok, 20))
+  }
+  await new Promise((ok) => setTimeout(ok, pacedMs / 2))
+}
+
 const run = await start()
 await bashTrue(run)
 // In blocks: between two, the parent measures the bare exec baseline while this waits, so both
@@ -161,4 +192,4 @@ const inBlocks = async (command: (run: string) => Promise<unknown>, phase?: stri
 const rtt = await inBlocks(bashTrue)
 const rttOne = await inBlocks(bashTrueOne, "one")
 await finish(run)
-process.send?.({ first, paced, pacedMs, rtt, rttOne }, () => process.exit(0))
+process.send?.({ first, paced, pacedMs, succeeded, rtt, rttOne }, () => process.exit(0))

@@ -5,7 +5,9 @@
  * `POST /v1/functions/{id}/runs` to the first `bash true` result (the command is sent right after
  * the start, while the run is queued, and its end is awaited with `GET …/commands/{cid}?wait=25`),
  * p50/p95 over `runs` runs one after another, and over half as many started 500 ms apart (the
- * host caught up between them: warm machines made again); then the command round trip (`POST` a `bash true` on
+ * host caught up between them: warm machines made again); from a finish (`succeeded`, the output
+ * file the manifest names written) to its answer, the folder checked, listed, packed and stored, over
+ * a third as many runs, paced the same; then the command round trip (`POST` a `bash true` on
  * a running run and await its end) p50/p99; beside the bare driver's exec round trip (`bash true`
  * over an open guest session on a machine made directly with the driver), measured in blocks
  * between the blocks of commands, so both come from the same minutes (this machine's speed drifts
@@ -198,6 +200,8 @@ interface Figures {
   /** As `first`, with a run started every `pacedMs`. */
   readonly paced: Array<number>
   readonly pacedMs: number
+  /** From a finish (`succeeded`, one output file) to its answer: the output checked and packed. */
+  readonly succeeded: Array<number>
   readonly rtt: Array<number>
   /** The bare exec round trips, measured between the blocks of `rtt`. */
   readonly bare: Array<number>
@@ -266,6 +270,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
         rttOne?: Array<number>
         paced?: Array<number>
         pacedMs?: number
+        succeeded?: Array<number>
         rtt?: Array<number>
       }
       if (m.step !== undefined && !stack.processes) {
@@ -324,6 +329,7 @@ const client = (stack: Stack, who: TestAccount, fn: string, bare: Bare) =>
           first: m.first,
           paced: m.paced ?? [],
           pacedMs: m.pacedMs ?? 0,
+          succeeded: m.succeeded ?? [],
           rtt: m.rtt,
           bare: bareRtt,
           cpuMs: stack.processes ? undefined : cpuUs / 1000 / commands,
@@ -426,7 +432,19 @@ const main = async () => {
     const paced = await bare.paced(Math.min(commands, 50))
     for (const [
       name,
-      { first, paced, pacedMs, rtt, bare: baseline, cpuMs, one, firstLines, perStep, cores: coresOf },
+      {
+        first,
+        paced,
+        pacedMs,
+        succeeded,
+        rtt,
+        bare: baseline,
+        cpuMs,
+        one,
+        firstLines,
+        perStep,
+        cores: coresOf,
+      },
     ] of topologies) {
       console.log(`${name}:`)
       console.log(
@@ -464,6 +482,9 @@ const main = async () => {
       const pacedStart = perStep.find((s) => s.step === "paced first")
       console.log(
         `  same, a run started every ${pacedMs} ms (${paced.length} runs): p50 ${ms(pct(paced, 50))}, p95 ${ms(pct(paced, 95))}${pacedStart === undefined ? "" : `; server CPU from start to first result ${ms(pacedStart.cpuMs)} in ${ms(pacedStart.wallMs)}`}`,
+      )
+      console.log(
+        `  a run that succeeds, finish (its output written: one file) → answered, the output checked and packed (${succeeded.length} runs): p50 ${ms(pct(succeeded, 50))}, p95 ${ms(pct(succeeded, 95))}`,
       )
       console.log(
         `  command round trip, bash true on a running run (${commands}): p50 ${ms(pct(rtt, 50))}, p99 ${ms(pct(rtt, 99))} (goal p50 < 15 ms)${cpuMs === undefined ? "" : `; server CPU ${cpuMs.toFixed(2)} ms per command`}`,
