@@ -131,8 +131,7 @@ const exitOf = (ch: ClientChannel): Promise<ChannelExit> =>
 // between cgroup v1 groups waits for an RCU grace period, 10–20 ms on a quiet host, so the session
 // opens the next wrapper ahead of time (`Spare`; the first as the session opens, each next one as
 // the command before it is over) and a command only has to write its arguments to one that is
-// already waiting. A wrapper that gets no arguments (the
-// session closed) runs nothing.
+// already waiting. A wrapper that gets no arguments (the session closed) runs nothing.
 //
 // Only shell builtins run between sshd and the command's bash (each extra program costs ~1.5 ms of
 // an exec): `set -m` gives the command its own process group, and command cgroups are reused from
