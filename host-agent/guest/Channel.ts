@@ -19,7 +19,18 @@ export interface Collected {
   readonly stderr: string
 }
 
-/** Runs `script` with `input` on its stdin and collects its whole output; for short answers only. */
+/** The most of a collected script's stdout held: its answers are a line or a few (`collect`). */
+export const COLLECT_STDOUT_MAX_BYTES = 1024 * 1024
+/** The end of a collected script's stderr kept (its callers quote the last 500 characters). */
+const COLLECT_STDERR_KEPT_BYTES = 16 * 1024
+
+/**
+ * Runs `script` with `input` on its stdin and collects its whole output; for short answers only.
+ * The guest is the tenant's (any program the script runs may be replaced): a stdout past
+ * `COLLECT_STDOUT_MAX_BYTES` fails the call at once and closes the channel, without waiting for
+ * the program's end, and only the end of stderr is kept, so no machine makes the host agent hold
+ * more than that.
+ */
 export const collect = (
   guest: GuestSession,
   script: string,
@@ -29,12 +40,26 @@ export const collect = (
     Effect.tryPromise({
       try: async () => {
         const out: Array<Buffer> = []
-        const err: Array<Buffer> = []
-        ch.on("data", (b: Buffer) => out.push(b))
-        ch.stderr.on("data", (b: Buffer) => err.push(b))
+        let outBytes = 0
+        let err = Buffer.alloc(0)
+        const tooMuch = new Promise<never>((_, fail) => {
+          ch.on("data", (b: Buffer) => {
+            outBytes += b.length
+            if (outBytes <= COLLECT_STDOUT_MAX_BYTES) return void out.push(b)
+            ch.close()
+            fail(
+              new Error(`the machine answered more than ${COLLECT_STDOUT_MAX_BYTES} bytes to a short script`),
+            )
+          })
+        })
+        tooMuch.catch(() => undefined)
+        ch.stderr.on("data", (b: Buffer) => {
+          const both = Buffer.concat([err, b])
+          err = both.subarray(Math.max(0, both.length - COLLECT_STDERR_KEPT_BYTES))
+        })
         ch.end(input)
-        const { code } = await exit
-        return { code, stdout: Buffer.concat(out), stderr: Buffer.concat(err).toString("utf8") }
+        const { code } = await Promise.race([exit, tooMuch])
+        return { code, stdout: Buffer.concat(out), stderr: err.toString("utf8") }
       },
       catch: (e) => new GuestUnavailable({ detail: e instanceof Error ? e.message : String(e) }),
     }).pipe(Effect.onInterrupt(() => Effect.sync(() => ch.close()))),
