@@ -4,6 +4,7 @@
  */
 import type { Readable } from "node:stream"
 import { Effect, Stream } from "effect"
+import type { ClientChannel } from "ssh2"
 import { endingAtOnce } from "../../core/Iterables.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 
@@ -21,8 +22,21 @@ export interface Collected {
 
 /** The most of a collected script's stdout held: its answers are a line or a few (`collect`). */
 export const COLLECT_STDOUT_MAX_BYTES = 1024 * 1024
-/** The end of a collected script's stderr kept (its callers quote the last 500 characters). */
-const COLLECT_STDERR_KEPT_BYTES = 16 * 1024
+/** The end of a channel's stderr kept (`stderrTail`; a failure is quoted by its last lines). */
+const STDERR_KEPT_BYTES = 16 * 1024
+
+/**
+ * What `ch` writes on stderr, its last 16 KiB only, read as text when asked: the guest is the
+ * tenant's, and a program there that floods its stderr makes the host agent hold no more.
+ */
+export const stderrTail = (ch: ClientChannel): (() => string) => {
+  let kept = Buffer.alloc(0)
+  ch.stderr.on("data", (b: Buffer) => {
+    const both = Buffer.concat([kept, b])
+    kept = both.subarray(Math.max(0, both.length - STDERR_KEPT_BYTES))
+  })
+  return () => kept.toString("utf8")
+}
 
 /**
  * Runs `script` with `input` on its stdin and collects its whole output; for short answers only.
@@ -41,7 +55,6 @@ export const collect = (
       try: async () => {
         const out: Array<Buffer> = []
         let outBytes = 0
-        let err = Buffer.alloc(0)
         const tooMuch = new Promise<never>((_, fail) => {
           ch.on("data", (b: Buffer) => {
             outBytes += b.length
@@ -53,13 +66,10 @@ export const collect = (
           })
         })
         tooMuch.catch(() => undefined)
-        ch.stderr.on("data", (b: Buffer) => {
-          const both = Buffer.concat([err, b])
-          err = both.subarray(Math.max(0, both.length - COLLECT_STDERR_KEPT_BYTES))
-        })
+        const stderr = stderrTail(ch)
         ch.end(input)
         const { code } = await Promise.race([exit, tooMuch])
-        return { code, stdout: Buffer.concat(out), stderr: err.toString("utf8") }
+        return { code, stdout: Buffer.concat(out), stderr: stderr() }
       },
       catch: (e) => new GuestUnavailable({ detail: e instanceof Error ? e.message : String(e) }),
     }).pipe(Effect.onInterrupt(() => Effect.sync(() => ch.close()))),

@@ -132,6 +132,19 @@ describe("outputs", () => {
     )
   })
 
+  it("lists a path of 4,000 bytes, far over no cap of a record's", async () => {
+    // 16 folders of 249 bytes and a file: the longest paths Linux takes are about this long.
+    const folder = Array.from(
+      { length: 16 },
+      (_, i) => `${String(i).padStart(2, "0")}${"x".repeat(247)}`,
+    ).join("/")
+    await sh(`rm -rf /workspace/out; mkdir -p /workspace/out/${folder}; echo hi > /workspace/out/${folder}/f`)
+    const listing = await Effect.runPromise(list(t.guest))
+    expect(listing.file_count).toBe(17)
+    expect(listing.files.at(-1)).toEqual({ path: `${folder}/f`, bytes: 3, dir: false })
+    expect(Buffer.byteLength(`${folder}/f`)).toBe(4001)
+  })
+
   describe("a listing program the tenant replaced (a find earlier on PATH)", () => {
     const fake = (body: string) =>
       sh(`printf '%s\\n' '#!/bin/bash' '${body}' > /usr/local/bin/find && chmod +x /usr/local/bin/find`)

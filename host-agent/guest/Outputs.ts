@@ -21,7 +21,7 @@ import type { KeyringError } from "../../core/Keyring.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import type { ObjectInfo } from "../../core/ObjectStore.ts"
 import { SealStream } from "../../core/SealStream.ts"
-import { chunksOf } from "./Channel.ts"
+import { chunksOf, stderrTail } from "./Channel.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 import type { SealedObject } from "./Inputs.ts"
 import * as Manifest from "./Manifest.ts"
@@ -86,17 +86,21 @@ const byPath = (a: Listed, b: Listed) => Buffer.compare(a.path, b.path)
 
 /**
  * The `n` records of smallest path among all those given, in memory for at most 2n: sorted and
- * cut to n each time 2n are held.
+ * cut to n each time 2n are held; once cut, a record past the n-th is passed over with one
+ * comparison, and only a record held is copied (the one given may be a view of its chunk).
  */
 const smallest = (n: number) => {
   let held: Array<Listed> = []
+  let bound: Buffer | undefined
   const cut = () => {
     held.sort(byPath)
     held = held.slice(0, n)
+    bound = held.length === n ? held[n - 1]?.path : undefined
   }
   return {
     add: (r: Listed) => {
-      held.push(r)
+      if (bound !== undefined && Buffer.compare(r.path, bound) >= 0) return
+      held.push(listed(Buffer.from(r.record)))
       if (held.length >= 2 * n) cut()
     },
     result: (): ReadonlyArray<Listed> => {
@@ -170,10 +174,7 @@ export const inspect = (
     yield* Manifest.relative(manifest)
     const answers = answering(manifest)
     const { channel: ch, exit } = yield* guest.channel(LISTING)
-    let stderr = ""
-    ch.stderr.on("data", (b: Buffer) => {
-      if (stderr.length < 16 * 1024) stderr += b.toString("utf8")
-    })
+    const stderr = stderrTail(ch)
     ch.end()
     const kept = smallest(OUTPUT_FILES_LISTED)
     let file_count = 0
@@ -186,8 +187,8 @@ export const inspect = (
         const data = Buffer.concat([partial, chunk])
         let from = 0
         for (let end = data.indexOf(0, from); end !== -1; end = data.indexOf(0, from)) {
-          // A copy: a kept record holds no chunk of the stream alive.
-          const entry = listed(Buffer.from(data.subarray(from, end)))
+          // A view of the chunk: the listing copies what it keeps.
+          const entry = listed(data.subarray(from, end))
           const type = typeOf(entry)
           answers.see(entry, type, sizeOf(entry))
           if (type === "f" || type === "d") {
@@ -209,7 +210,7 @@ export const inspect = (
     const { code } = yield* Effect.promise(() => exit)
     if ((code !== 0 && code !== 1) || partial.length > 0)
       return yield* new GuestUnavailable({
-        detail: `output listing failed (exit ${code}): ${stderr.slice(-500)}`,
+        detail: `output listing failed (exit ${code}): ${stderr().slice(-500)}`,
       })
     return { listing: { files: kept.result().map(fileOf), file_count }, problems: answers.problems() }
   })
@@ -235,10 +236,7 @@ export const pack = (
     const { channel: ch, exit } = yield* guest.channel(
       `set -o pipefail; mkdir -p ${OUTPUT_DIR} && tar -C ${OUTPUT_DIR} -cf - .${inGuest ? " | gzip -1" : ""}`,
     )
-    let stderr = ""
-    ch.stderr.on("data", (b: Buffer) => {
-      if (stderr.length < 16 * 1024) stderr += b.toString("utf8")
-    })
+    const stderr = stderrTail(ch)
     ch.end()
     const hash = createHash("sha256")
     let bytes = 0
@@ -250,7 +248,7 @@ export const pack = (
             ? Effect.void
             : Effect.fail(
                 new OutputFailed({
-                  detail: `packing ${OUTPUT_DIR} exited ${x.code}: ${stderr.trim().slice(-2000)}`,
+                  detail: `packing ${OUTPUT_DIR} exited ${x.code}: ${stderr().trim().slice(-2000)}`,
                 }),
               ),
         ),

@@ -91,6 +91,21 @@ describe("put and get", () => {
     expect(await sh("ls -A /workspace/afolder; ls -A /workspace | grep put- ; true")).toBe("")
   })
 
+  it("put answers at once when the machine floods the line it reads the temporary file's name from", async () => {
+    // A tenant's own mktemp (earlier on PATH) whose name is 20 MiB: the host agent reads 8 KiB of
+    // it, finds no name, and answers without taking the rest.
+    await sh(
+      `printf '%s\\n' '#!/bin/bash' 'head -c 20M /dev/zero | tr "\\0" a' > /usr/local/bin/mktemp && chmod +x /usr/local/bin/mktemp`,
+    )
+    try {
+      expect(await putFile(await upload(Buffer.from("x")), "flood")).toEqual({
+        error: "/workspace/flood: could not be written",
+      })
+    } finally {
+      await sh("rm -f /usr/local/bin/mktemp")
+    }
+  })
+
   it("put into a full disk answers with the guest's error and leaves no partial file", async () => {
     await sh("echo keep > /workspace/big.bin")
     const file = await upload(randomBytes(60 * 1024 * 1024))

@@ -15,7 +15,7 @@ import type { KeyringError } from "../../core/Keyring.ts"
 import type { NatsError } from "../../core/Nats.ts"
 import type { ObjectCorrupt, ObjectInfo } from "../../core/ObjectStore.ts"
 import { type DecryptFailed, SealStream } from "../../core/SealStream.ts"
-import { chunksOf, collect, quote } from "./Channel.ts"
+import { chunksOf, collect, quote, stderrTail } from "./Channel.ts"
 import { resolvePath } from "./Files.ts"
 import { type GuestSession, GuestUnavailable } from "./GuestSession.ts"
 import type { SealedObject } from "./Inputs.ts"
@@ -50,6 +50,9 @@ const tooLarge = (max: number) =>
 
 class TooLarge extends Data.TaggedError("TooLarge")<{}> {}
 
+/** The most of the put script's stdout held while its first line, the temporary file's name, comes. */
+const TEMP_NAME_MAX_BYTES = 8 * 1024
+
 const guestError = (stderr: string) => stderr.trim().split("\n").slice(-3).join("\n")
 
 /** Streams upload `file` (in `files`, sealed for `account`) to `path`, replacing it and making parent folders. */
@@ -76,14 +79,12 @@ t=$(mktemp -- "$d/.$(basename -- "$p").put-XXXXXX") || exit 3
 echo "$t"
 cat > "$t" || { rm -f -- "$t"; exit 5; }
 `)
+    // Only its first line is read (a path: at most 4,095 bytes); no more of stdout is held.
     let stdout = ""
-    let stderr = ""
     ch.on("data", (b: Buffer) => {
-      stdout += b.toString("utf8")
+      if (stdout.length < TEMP_NAME_MAX_BYTES) stdout += b.toString("utf8")
     })
-    ch.stderr.on("data", (b: Buffer) => {
-      if (stderr.length < 16 * 1024) stderr += b.toString("utf8")
-    })
+    const stderr = stderrTail(ch)
     let exited = false
     void exit.then(() => {
       exited = true
@@ -95,13 +96,14 @@ cat > "$t" || { rm -f -- "$t"; exit 5; }
           const look = () => {
             const nl = stdout.indexOf("\n")
             if (nl !== -1) ok(stdout.slice(0, nl))
+            else if (stdout.length >= TEMP_NAME_MAX_BYTES) ok("")
           }
           ch.on("data", look)
           void exit.then(() => ok(""))
           look()
         }),
     )
-    if (!temp) return { error: guestError(stderr) || `${path}: could not be written` }
+    if (!temp) return { error: guestError(stderr()) || `${path}: could not be written` }
     let sent = 0
     const streamed = yield* found.value.data.pipe(
       seal.open(files.account, args.file),
@@ -130,7 +132,7 @@ cat > "$t" || { rm -f -- "$t"; exit 5; }
     const status = yield* Effect.promise(() => exit)
     if (status.code !== 0) {
       yield* collect(guest, `rm -f -- ${quote(temp)}`).pipe(Effect.ignore)
-      return { error: guestError(stderr) || `${path}: could not be written (exit ${status.code})` }
+      return { error: guestError(stderr()) || `${path}: could not be written (exit ${status.code})` }
     }
     // Step 2: every byte is in; check the count, keep an existing file's mode, rename over the target.
     const done = yield* collect(
@@ -176,10 +178,7 @@ export const get = (
         ? `set -o pipefail; tar -C ${quote(path)} -cf - . | gzip -1`
         : `exec cat -- ${quote(path)}`,
     )
-    let stderr = ""
-    ch.stderr.on("data", (b: Buffer) => {
-      if (stderr.length < 16 * 1024) stderr += b.toString("utf8")
-    })
+    const stderr = stderrTail(ch)
     ch.end()
     const hash = createHash("sha256")
     let bytes = 0
@@ -190,7 +189,7 @@ export const get = (
             ? Effect.void
             : Effect.fail(
                 new GuestUnavailable({
-                  detail: `get ${path} exited ${x.code}${x.signal ? ` (${x.signal})` : ""}: ${guestError(stderr)}`,
+                  detail: `get ${path} exited ${x.code}${x.signal ? ` (${x.signal})` : ""}: ${guestError(stderr())}`,
                 }),
               ),
         ),
